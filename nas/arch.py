@@ -1,0 +1,199 @@
+"""What a shape *is*: ``ArchConfig``, ``FFNShape`` and their exact parameter and FLOP accounting.
+
+One block of the decoder (pre-norm, LLaMA-style)::
+
+    x = x + Attn_l(RMSNorm(x))                 # h_l heads of size d_model / h_l
+    for k in 1..K:  x = x + SwiGLU_k(RMSNorm_k(x))   # each d_model -> hidden -> d_model
+
+``K = 1`` with ``hidden ~ 8/3 * d_model`` is the conventional LLaMA FFN; ``K > 1`` with
+``hidden = d_h < d_model`` is the Hourglass FFN (stacked wide-narrow-wide residual
+sub-MLPs). A head schedule ``heads = (h_1, ..., h_L)`` is the Prism knob; the projections
+stay ``d_model x d_model`` whatever the schedule, so parameters and FLOPs do not depend on it.
+
+This module imports no torch: search spaces count and validate shapes without it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from nas.errors import UsageError
+
+
+def divisors_up_to(n: int, limit: int) -> list[int]:
+    """Divisors of ``n`` that are ``<= limit``, ascending."""
+    return [h for h in range(1, min(n, limit) + 1) if n % h == 0]
+
+
+def llama_ffn_hidden(d_model: int, multiple_of: int = 256) -> int:
+    """LLaMA's conventional SwiGLU width: ``8/3 * d_model`` rounded up to ``multiple_of``.
+
+    Source: LLaMA (Touvron et al. 2023), ``hidden = multiple_of * ceil(int(2/3 * 4d) / multiple_of)``.
+    ``multiple_of`` is reduced for small models so the rounding never adds more than ~1/8.
+    """
+    raw = int(2 * 4 * d_model / 3)
+    step = multiple_of
+    while step > 8 and step * 8 > raw:
+        step //= 2
+    return step * math.ceil(raw / step)
+
+
+@dataclass(frozen=True)
+class FFNShape:
+    """The FFN of every layer: ``k`` stacked residual SwiGLU sub-MLPs of hidden size ``hidden``."""
+
+    k: int  # number of residual sub-MLPs per layer (1 = conventional FFN)
+    hidden: int  # hidden size of each sub-MLP: d_ff when k=1, the bottleneck d_h when hourglass
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.k, int) or self.k < 1:
+            raise UsageError(f"ffn.k={self.k!r} is invalid: the FFN stack depth K must be an integer >= 1")
+        if not isinstance(self.hidden, int) or self.hidden < 1:
+            raise UsageError(f"ffn.hidden={self.hidden!r} is invalid: the SwiGLU hidden size must be an integer >= 1")
+
+
+@dataclass(frozen=True)
+class ArchConfig:
+    """A decoder-only Transformer shape. Frozen, hashable, JSON round-trippable."""
+
+    n_layers: int
+    d_model: int
+    heads: tuple[int, ...]  # one head count per layer; h_l must divide d_model
+    ffn: FFNShape
+    vocab_size: int
+    tie_embeddings: bool = True  # GPT-2 ties input and output embeddings; LLaMA does not
+    rope_theta: float = 10000.0  # rotary base (LLaMA 1/2)
+    norm_eps: float = 1e-5  # RMSNorm epsilon (LLaMA)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "heads", tuple(int(h) for h in self.heads))
+        if isinstance(self.ffn, dict):
+            object.__setattr__(self, "ffn", FFNShape(**self.ffn))
+        for name in ("n_layers", "d_model", "vocab_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise UsageError(f"{name}={value!r} is invalid: it must be a positive integer")
+        if len(self.heads) != self.n_layers:
+            raise UsageError(
+                f"heads has {len(self.heads)} entries but n_layers={self.n_layers}: give one head count per layer"
+            )
+        for layer, h in enumerate(self.heads, start=1):
+            if h < 1 or self.d_model % h:
+                valid = ",".join(map(str, divisors_up_to(self.d_model, max(self.heads))))
+                raise UsageError(
+                    f"heads[layer {layer}]={h} does not divide d_model={self.d_model}; "
+                    f"divisors <= {max(self.heads)} are {valid}"
+                )
+
+    # ----------------------------------------------------------------- accounting
+    def head_dims(self) -> tuple[int, ...]:
+        """``d_model / h_l`` per layer."""
+        return tuple(self.d_model // h for h in self.heads)
+
+    def n_params(self) -> dict[str, int]:
+        """Exact parameter count by part; equals ``sum(p.numel())`` of ``nas.model.Transformer``.
+
+        - embedding: ``V d`` (token table) ``+ V d`` for an untied output head
+        - attention: ``L * 4 d^2`` (W_Q, W_K, W_V, W_O, no biases; independent of the head schedule)
+        - ffn: ``L * K * 3 d d_h`` (SwiGLU gate, up and down projections)
+        - norm: ``L (1 + K) d + d`` (one RMSNorm gain before attention, one per sub-MLP, one final)
+        """
+        d, L, V = self.d_model, self.n_layers, self.vocab_size
+        k, hidden = self.ffn.k, self.ffn.hidden
+        parts = {
+            "embedding": V * d * (1 if self.tie_embeddings else 2),
+            "attention": L * 4 * d * d,
+            "ffn": L * k * 3 * d * hidden,
+            "norm": L * (1 + k) * d + d,
+        }
+        parts["total"] = sum(parts.values())
+        parts["non_embedding"] = parts["total"] - parts["embedding"]
+        return parts
+
+    def flops_per_token(self, seq_len: int) -> int:
+        """Training FLOPs per token (forward + backward), the nanoGPT / PaLM (Chowdhery et al. 2022, App. B) convention.
+
+        ``6 N_matmul + sum_l 12 * h_l * (d / h_l) * T`` where ``N_matmul`` counts the weights
+        used in matmuls (attention, FFN and the output head ``V d``; not the embedding lookup
+        nor the norm gains) and the second term is attention's ``QK^T`` and ``AV`` (2 matmuls
+        x 2 FLOPs x 3 for forward + backward) over a context of ``T`` tokens, summed per layer
+        with each layer's own head count (``h_l * d_head_l = d``, so the schedule cancels).
+        """
+        p = self.n_params()
+        n_matmul = p["attention"] + p["ffn"] + self.vocab_size * self.d_model
+        attention = sum(12 * h * (self.d_model // h) * seq_len for h in self.heads)
+        return 6 * n_matmul + attention
+
+    # ----------------------------------------------------------------- identity & I/O
+    def key(self) -> str:
+        """Canonical string: two configs train the same model iff their keys are equal."""
+        heads = ",".join(map(str, self.heads))
+        tie = "tied" if self.tie_embeddings else "untied"
+        return (
+            f"L{self.n_layers}-d{self.d_model}-h[{heads}]-K{self.ffn.k}x{self.ffn.hidden}"
+            f"-V{self.vocab_size}-{tie}-rope{self.rope_theta:g}-eps{self.norm_eps:g}"
+        )
+
+    def summary(self) -> dict[str, Any]:
+        """Flat description for tables and Optuna user attrs (the report's axes included)."""
+        p = self.n_params()
+        return {
+            "layers": self.n_layers,
+            "d_model": self.d_model,
+            "heads": list(self.heads),
+            "k": self.ffn.k,
+            "d_h": self.ffn.hidden,
+            "vocab_size": self.vocab_size,
+            "tie_embeddings": self.tie_embeddings,
+            "d_model_per_layer": self.d_model / self.n_layers,
+            "d_h_over_d_model": self.ffn.hidden / self.d_model,
+            "params": p["total"],
+            "params_attention": p["attention"],
+            "params_ffn": p["ffn"],
+            "params_embedding": p["embedding"],
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["heads"] = list(self.heads)
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ArchConfig":
+        known = {"n_layers", "d_model", "heads", "ffn", "vocab_size", "tie_embeddings", "rope_theta", "norm_eps"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise UsageError(f"unknown ArchConfig field(s) {', '.join(unknown)}; valid fields are {', '.join(sorted(known))}")
+        data = dict(data)
+        ffn = data.get("ffn")
+        if isinstance(ffn, dict):
+            data["ffn"] = FFNShape(**ffn)
+        return cls(**data)
+
+    @classmethod
+    def from_json(cls, text: str) -> "ArchConfig":
+        return cls.from_dict(json.loads(text))
+
+    def replace(self, **changes: Any) -> "ArchConfig":
+        data = self.to_dict()
+        data.update(changes)
+        return ArchConfig.from_dict(data)
+
+
+def uniform(n_layers: int, d_model: int, n_heads: int, vocab_size: int, ffn: FFNShape | None = None,
+            tie_embeddings: bool = True) -> ArchConfig:
+    """The conventional shape: ``n_heads`` in every layer and, by default, the LLaMA FFN."""
+    return ArchConfig(
+        n_layers=n_layers,
+        d_model=d_model,
+        heads=(n_heads,) * n_layers,
+        ffn=ffn or FFNShape(k=1, hidden=llama_ffn_hidden(d_model)),
+        vocab_size=vocab_size,
+        tie_embeddings=tie_embeddings,
+    )

@@ -1,0 +1,35 @@
+"""Human sizes such as ``113M``, ``1.2B`` or ``500k`` for parameter and token budgets."""
+
+from __future__ import annotations
+
+import re
+
+from nas.errors import UsageError
+
+_SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
+_PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmbgt]?)\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str | int, what: str = "size") -> int:
+    """``"113M" -> 113_000_000``; ``"1.2B" -> 1_200_000_000``; plain integers pass through."""
+    if isinstance(text, int):
+        value = text
+    else:
+        match = _PATTERN.match(str(text))
+        if not match:
+            raise UsageError(
+                f"{what} {text!r} is not a size: use an integer or a number with k, M or B (e.g. 500k, 113M, 1.2B)"
+            )
+        value = round(float(match.group(1)) * _SUFFIX[match.group(2).lower()])
+    if value <= 0:
+        raise UsageError(f"{what} {text!r} must be positive")
+    return value
+
+
+def format_size(n: int | float) -> str:
+    """``113_000_000 -> "113.0M"``: short, for tables and logs."""
+    n = float(n)
+    for suffix, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.1f}{suffix}"
+    return f"{n:.0f}"
