@@ -1,0 +1,291 @@
+"""``nas space count|list|show``: count, list and check the members of a search space.
+
+The shape options are defined once below as ``Annotated`` aliases; ``with_space_options`` adds
+all of them to a command (``nas search`` reuses it) and hands the command a ``SpaceOptions``.
+"""
+
+import csv
+import functools
+import inspect
+import json
+import sys
+from collections.abc import Callable, Iterable
+from itertools import islice
+from typing import Annotated, Any, Optional
+
+import typer
+
+from nas.arch import ArchConfig
+from nas.errors import UsageError
+from nas.units import parse_size
+from search_spaces.base import SearchSpace
+from search_spaces.factory import OPTION_NAMES, SpaceOptions, build_space
+from search_spaces.hourglass import HourglassSpace
+from search_spaces.joint import JointSpace
+from search_spaces.prism import PrismSpace, parse_schedule
+
+space_app = typer.Typer(help="Count, list and check the members of a search space.", no_args_is_help=True)
+
+# ----------------------------------------------------------------- the shape options, defined once
+_P = "Prism schedule"
+_H = "Hourglass grid"
+SpaceOpt = Annotated[str, typer.Option("--space", help="Search space: prism, hourglass or joint.")]
+LayersOpt = Annotated[Optional[int], typer.Option("--layers", help="Baseline depth L (default 12).", show_default=False)]
+DModelOpt = Annotated[Optional[int], typer.Option("--d-model", help="Baseline width d_model (default 192).", show_default=False)]
+HeadsOpt = Annotated[Optional[int], typer.Option("--heads", help="Baseline head count h_base, divides d_model (default 12).",
+                                                 show_default=False)]
+VocabOpt = Annotated[Optional[int], typer.Option("--vocab", help="Vocabulary size (default 256, bytes).", show_default=False)]
+TieOpt = Annotated[Optional[bool], typer.Option("--tie-embeddings/--untie-embeddings",
+                                                help="Tie input and output embeddings (default tied).", show_default=False)]
+FFNHiddenOpt = Annotated[Optional[int], typer.Option("--ffn-hidden", help="Conventional FFN hidden size "
+                                                     "(default LLaMA's 8/3 d_model).", show_default=False)]
+MinPlateauOpt = Annotated[Optional[int], typer.Option("--min-plateau", help=f"{_P}: shortest step plateau (default 2).",
+                                                      show_default=False)]
+MaxPlateauOpt = Annotated[Optional[int], typer.Option("--max-plateau", help=f"{_P}: longest step plateau (default 4).",
+                                                      show_default=False)]
+MinBaselineOpt = Annotated[Optional[int], typer.Option("--min-baseline", help=f"{_P}: fewest layers at h_base "
+                                                       "(default ceil(L/2)).", show_default=False)]
+HWAlignedOpt = Annotated[bool, typer.Option("--hw-aligned", help=f"{_P}: only power-of-two head dims below h_base.")]
+MinHeadDimOpt = Annotated[Optional[int], typer.Option("--min-head-dim", help=f"{_P}: smallest head dim allowed.",
+                                                      show_default=False)]
+BudgetOpt = Annotated[Optional[str], typer.Option("--budget", help=f"{_H}: parameter budget, e.g. 113M, 1.2B "
+                                                  "(default the baseline's count).", show_default=False)]
+KValuesOpt = Annotated[Optional[str], typer.Option("--k-values", help=f"{_H}: FFN stack depths K, comma-separated "
+                                                   "(default 1,2,4,6,8).", show_default=False)]
+LayerValuesOpt = Annotated[Optional[str], typer.Option("--layer-values", help=f"{_H}: depths L, comma-separated "
+                                                       "(default L/2,3L/4,L,3L/2,2L).", show_default=False)]
+RatioValuesOpt = Annotated[Optional[str], typer.Option("--ratio-values", help=f"{_H}: d_h/d_model targets, "
+                                                       "comma-separated (default 0.2,0.3,0.4,0.5,0.6,0.8,1).",
+                                                       show_default=False)]
+HeadDimOpt = Annotated[Optional[int], typer.Option("--head-dim", help=f"{_H}: fixed head size; d_model is a "
+                                                   "multiple of it (default d_model/heads).", show_default=False)]
+ToleranceOpt = Annotated[Optional[str], typer.Option("--tolerance", help=f"{_H}: budget tolerance, 0.001 or 0.1% "
+                                                     "(default 0.1%).", show_default=False)]
+RatioToleranceOpt = Annotated[Optional[str], typer.Option("--ratio-tolerance", help=f"{_H}: achieved d_h/d_model "
+                                                          "within this fraction of the target (default 15%).",
+                                                          show_default=False)]
+FixOpt = Annotated[Optional[str], typer.Option("--fix", help=f"{_H}: 'attention' keeps the baseline's d_model and L, "
+                                               "varying only K (d_h follows from the budget).", show_default=False)]
+
+# name -> (annotation, default): the signature ``with_space_options`` adds to a command
+SPACE_PARAMETERS: dict[str, tuple[Any, Any]] = {
+    "space": (SpaceOpt, "prism"), "layers": (LayersOpt, None), "d_model": (DModelOpt, None),
+    "heads": (HeadsOpt, None), "vocab": (VocabOpt, None), "tie_embeddings": (TieOpt, None),
+    "ffn_hidden": (FFNHiddenOpt, None), "min_plateau": (MinPlateauOpt, None), "max_plateau": (MaxPlateauOpt, None),
+    "min_baseline": (MinBaselineOpt, None), "hw_aligned": (HWAlignedOpt, False), "min_head_dim": (MinHeadDimOpt, None),
+    "budget": (BudgetOpt, None), "k_values": (KValuesOpt, None), "layer_values": (LayerValuesOpt, None),
+    "ratio_values": (RatioValuesOpt, None), "head_dim": (HeadDimOpt, None), "tolerance": (ToleranceOpt, None),
+    "ratio_tolerance": (RatioToleranceOpt, None), "fix": (FixOpt, None),
+}
+assert tuple(SPACE_PARAMETERS) == OPTION_NAMES, "every SpaceOptions field needs a CLI option"
+
+
+def _parse_list(text: str | None, flag: str, kind: type) -> tuple[Any, ...] | None:
+    if text is None:
+        return None
+    try:
+        values = tuple(kind(item) for item in text.replace(" ", "").split(",") if item)
+    except ValueError:
+        example = "1,2,4" if kind is int else "0.2,0.4"
+        raise UsageError(f"{flag} {text!r} is not a comma-separated list of {kind.__name__}s (e.g. {example})") from None
+    if not values:
+        raise UsageError(f"{flag} is empty: give comma-separated values")
+    return values
+
+
+def _parse_fraction(text: str | None, flag: str) -> float | None:
+    if text is None:
+        return None
+    try:
+        return float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise UsageError(f"{flag} {text!r} is not a fraction: give e.g. 0.001 or 0.1%") from None
+
+
+def space_options_from_cli(**kwargs: Any) -> SpaceOptions:
+    """Turn the raw CLI values (strings for sizes, lists and fractions) into ``SpaceOptions``."""
+    unknown = sorted(set(kwargs) - set(OPTION_NAMES))
+    if unknown:
+        raise TypeError(f"unknown space option(s): {', '.join(unknown)}")
+    values = {name: kwargs.get(name) for name in OPTION_NAMES}
+    values["space"] = values["space"] or "prism"
+    values["hw_aligned"] = values["hw_aligned"] or None
+    if values["budget"] is not None:
+        values["budget"] = parse_size(values["budget"], "--budget")
+    values["k_values"] = _parse_list(values["k_values"], "--k-values", int)
+    values["layer_values"] = _parse_list(values["layer_values"], "--layer-values", int)
+    values["ratio_values"] = _parse_list(values["ratio_values"], "--ratio-values", float)
+    values["tolerance"] = _parse_fraction(values["tolerance"], "--tolerance")
+    values["ratio_tolerance"] = _parse_fraction(values["ratio_tolerance"], "--ratio-tolerance")
+    if values["fix"] is not None and values["fix"].lower() == "none":
+        values["fix"] = None
+    return SpaceOptions(**values)
+
+
+def fail(error: UsageError) -> typer.Exit:
+    """Print a usage error as one line on stderr; the caller raises the returned ``Exit(2)``."""
+    typer.echo(f"error: {error}", err=True)
+    return typer.Exit(2)
+
+
+def with_space_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Give a typer command every shape option; it receives them parsed, as ``opts: SpaceOptions``."""
+    own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "opts"]
+    extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default)
+             for name, (annotation, default) in SPACE_PARAMETERS.items()]
+
+    @functools.wraps(command)
+    def wrapper(**kwargs: Any) -> Any:
+        try:
+            opts = space_options_from_cli(**{name: kwargs.pop(name) for name in SPACE_PARAMETERS})
+        except UsageError as error:
+            raise fail(error) from None
+        return command(opts=opts, **kwargs)
+
+    wrapper.__signature__ = inspect.Signature(own + extra)  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _build(opts: SpaceOptions) -> SearchSpace:
+    try:
+        return build_space(opts)
+    except UsageError as error:
+        raise fail(error) from None
+
+
+def _report_unmatched(space: SearchSpace, each: bool = True) -> None:
+    """On stderr: every hourglass grid point left out and why (or, ``each=False``, how many)."""
+    hourglass = space.hourglass if isinstance(space, JointSpace) else space
+    if not isinstance(hourglass, HourglassSpace) or not hourglass.unmatched():
+        return
+    if not each:
+        typer.echo(f"({len(hourglass.unmatched())} grid points unmatched or duplicate; "
+                   "`nas space list` names them)", err=True)
+    for miss in hourglass.unmatched() if each else ():
+        typer.echo(f"unmatched {miss.point}: {miss.reason}", err=True)
+
+
+# ----------------------------------------------------------------- output formats
+def _cell(key: str, value: Any) -> str:
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    if isinstance(value, float):
+        return f"{value:+.4%}" if key.endswith("deviation") else f"{value:.4g}"
+    return "" if value is None else str(value)
+
+
+def _print_table(columns: tuple[str, ...], rows: Iterable[dict[str, Any]]) -> None:
+    """Aligned columns; widths come from the first 1000 rows so that long listings still stream."""
+    rows = iter(rows)
+    head = [[_cell(c, r[c]) for c in columns] for r in islice(rows, 1000)]
+    widths = [max([len(c)] + [len(line[i]) for line in head]) for i, c in enumerate(columns)]
+
+    def emit(cells: list[str]) -> None:
+        typer.echo("  ".join(cell.ljust(w) for cell, w in zip(cells, widths)).rstrip())
+
+    emit(list(columns))
+    for line in head:
+        emit(line)
+    for r in rows:
+        emit([_cell(c, r[c]) for c in columns])
+
+
+def _print_json(rows: Iterable[dict[str, Any]]) -> None:
+    out = sys.stdout
+    out.write("[")
+    for i, r in enumerate(rows):
+        out.write(("," if i else "") + "\n  " + json.dumps(r))
+    out.write("\n]\n")
+
+
+def _print_csv(rows: Iterable[dict[str, Any]]) -> None:
+    writer = None
+    for r in rows:
+        if writer is None:
+            writer = csv.DictWriter(sys.stdout, fieldnames=list(r), lineterminator="\n")
+            writer.writeheader()
+        writer.writerow({k: _cell(k, v) if isinstance(v, list) else v for k, v in r.items()})
+
+
+# ----------------------------------------------------------------- commands
+FormatOpt = Annotated[str, typer.Option("--format", help="table, json or csv.")]
+LimitOpt = Annotated[Optional[int], typer.Option("--limit", help="List at most N members.", show_default=False)]
+ScheduleOpt = Annotated[Optional[str], typer.Option("--schedule", help="Head counts per layer, 3,3,6,6,12,... or "
+                                                    "3x2,6x2,12x8 (prism; joint: its baseline shape).",
+                                                    show_default=False)]
+ConfigOpt = Annotated[Optional[str], typer.Option("--config", help="An ArchConfig JSON file (any space).",
+                                                  show_default=False)]
+
+
+@space_app.command("count")
+@with_space_options
+def count_command(opts: SpaceOptions) -> None:
+    """Print the exact number of members (a bare integer)."""
+    space = _build(opts)
+    typer.echo(space.count())
+    _report_unmatched(space, each=False)
+
+
+@space_app.command("list")
+@with_space_options
+def list_command(opts: SpaceOptions, format: FormatOpt = "table", limit: LimitOpt = None) -> None:
+    """List the members, baseline first, as an aligned table, a JSON array or CSV."""
+    if format not in ("table", "json", "csv"):
+        raise fail(UsageError(f"unknown --format {format!r}; choose table, json or csv"))
+    if limit is not None and limit < 0:
+        raise fail(UsageError(f"--limit {limit} is invalid: give a count >= 0"))
+    space = _build(opts)
+    rows = (space.row(arch) for arch in islice(space, limit))
+    if format == "json":
+        _print_json(rows)
+    elif format == "csv":
+        _print_csv(rows)
+    else:
+        _print_table(space.table_columns, rows)
+    _report_unmatched(space)
+
+
+@space_app.command("show")
+@with_space_options
+def show_command(opts: SpaceOptions, schedule: ScheduleOpt = None, config: ConfigOpt = None) -> None:
+    """Check one shape: print its description if it is a member, else every reason it is not (exit 1)."""
+    space = _build(opts)
+    try:
+        if (schedule is None) == (config is None):
+            raise UsageError("give exactly one of --schedule 3,3,6,6,12,... or --config arch.json")
+        if config is not None:
+            with open(config, encoding="utf-8") as f:
+                arch = ArchConfig.from_json(f.read())
+        else:
+            prism = _prism_of(space)
+            heads = parse_schedule(schedule)
+            reasons = prism.validate_schedule(heads)
+            if reasons:
+                _print_invalid(reasons)
+            arch = prism.member(heads)
+    except (OSError, json.JSONDecodeError) as error:
+        raise fail(UsageError(f"--config {config!r} cannot be read: {error}")) from None
+    except UsageError as error:
+        raise fail(error) from None
+    reasons = space.validate(arch)
+    if reasons:
+        _print_invalid(reasons)
+    typer.echo(f"valid: a member of the {space.name} space")
+    for key, value in space.row(arch).items():
+        typer.echo(f"  {key}: {_cell(key, value)}")
+
+
+def _prism_of(space: SearchSpace) -> PrismSpace:
+    """The Prism space a ``--schedule`` is checked against: the prism space, or the joint space's baseline shape."""
+    if isinstance(space, PrismSpace):
+        return space
+    if isinstance(space, JointSpace):
+        return space.prism_of(space.baseline())
+    raise UsageError("--schedule applies to the prism and joint spaces; give an hourglass shape with --config arch.json")
+
+
+def _print_invalid(reasons: list[str]) -> None:
+    typer.echo("invalid:")
+    for reason in reasons:
+        typer.echo(f"  - {reason}")
+    raise typer.Exit(1)

@@ -1,0 +1,197 @@
+"""Token data for training and scoring candidates: ``load_data``, ``BatchSampler``, ``validation_batches``.
+
+``--data`` takes (``load_data(spec)``):
+
+- ``builtin`` (default): the standard library's ``.py`` sources (no ``test``/``tests``/
+  ``idle_test`` directories, no site-packages) and ``pydoc_data.topics``, byte-level
+  (uint8, vocab 256). Files go to validation by a fixed hash of their path (~5%); the
+  topics go to training. Built once into ``$NAS_CACHE`` (see ``nas.data_cache``) and
+  memory-mapped from then on; the entry is keyed by the Python version and every file's
+  name, size and mtime, so it is rebuilt whenever they change.
+- a text file, a directory of text files, or a glob: byte-level, split by file with the
+  same rule (the last 5% of the tokens when that rule cannot split them), cached the same way.
+  Files of any extension other than ``.npy`` and ``.bin`` are read as text.
+- a ``.npy`` file: a 1-D integer token array; the last 5% is validation;
+  vocab = max token + 1 rounded up to a multiple of 64.
+- a directory or glob of llm.c / modded-nanogpt ``.bin`` shards: 256 int32 header (magic
+  20240520, version 1, token count) then uint16 tokens; ``*_train_*`` shards are the training
+  split, ``*_val_*`` the validation split; vocab 50304 (GPT-2's 50257 padded to a multiple of
+  64) unless the largest token needs more. A directory holding any ``.bin`` file is read as
+  shards; several shards of one split are viewed end to end without copying (``ConcatTokens``).
+
+Batches: ``BatchSampler`` draws random contiguous windows of the training split from its own
+``numpy.random.Generator(seed)``; ``validation_batches`` cuts the same ordered windows from
+the start of the validation split every time, so every trial of a study is scored on the
+same tokens.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from nas.data_cache import cache_root
+from nas.data_sources import (
+    FileEntry,
+    builtin_documents,
+    expand_glob,
+    list_directory,
+    list_paths,
+    load_npy,
+    load_shards,
+    load_text_corpus,
+    text_documents,
+)
+from nas.errors import UsageError
+
+__all__ = ["TokenData", "load_data", "BatchSampler", "validation_batches", "check_enough_tokens"]
+
+
+@dataclass(frozen=True, eq=False)
+class TokenData:
+    """Training and validation tokens of one data source (1-D arrays, dtype as stored)."""
+
+    train: np.ndarray = field(repr=False)  # np.memmap, ndarray, or ConcatTokens for several shards
+    val: np.ndarray = field(repr=False)
+    vocab_size: int  # 256 byte-level; .bin: 50304 or more; .npy: max token + 1 rounded up to 64
+    name: str  # "builtin" or the spec as given
+    fingerprint: str  # 16 hex digits of sha256 over the exact tokens of both splits
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "vocab_size": self.vocab_size,
+            "n_train_tokens": len(self.train),
+            "n_val_tokens": len(self.val),
+            "fingerprint": self.fingerprint,
+        }
+
+
+def load_data(spec: str | os.PathLike[str] = "builtin", cache_dir: str | os.PathLike[str] | None = None) -> TokenData:
+    """Load ``spec`` (see the module docstring); one-line ``UsageError`` for every bad input."""
+    name = os.fspath(spec)
+    if not name.strip():
+        raise UsageError("--data is empty: pass 'builtin', a text file, a directory, a glob, a .npy file or .bin shards")
+    cache = cache_root(cache_dir)
+    if name == "builtin":
+        docs, key_parts = builtin_documents()
+        return _token_data(load_text_corpus("builtin", docs, key_parts, cache), name)
+
+    path = Path(name).expanduser()
+    if path.is_file():
+        if path.suffix == ".npy":
+            loaded = load_npy(path, cache)
+        elif path.suffix == ".bin":
+            loaded = load_shards([path], name, cache)
+        else:
+            docs = text_documents(list_paths([path], path), skip_binary=False)
+            if not docs:
+                raise UsageError(f"data file {name!r} is empty")
+            loaded = load_text_corpus("text", docs, [str(path.resolve())], cache)
+        return _token_data(loaded, name)
+    if path.is_dir():
+        files, base = list_directory(path), path
+    elif any(c in name for c in "*?["):
+        matches = expand_glob(name)
+        if not matches:
+            raise UsageError(f"data glob {name!r} matches no files")
+        base = Path(os.path.commonpath([p.parent for p in matches]))
+        files = list_paths(matches, base)
+    else:
+        raise UsageError(
+            f"data {name!r} not found: pass 'builtin', a text file, a directory, a glob, a .npy file or .bin shards"
+        )
+    return _token_data(_load_many(files, base, name, cache), name)
+
+
+def _token_data(loaded: tuple[Any, Any, int, str], name: str) -> TokenData:
+    train, val, vocab_size, fingerprint = loaded
+    return TokenData(train=train, val=val, vocab_size=vocab_size, name=name, fingerprint=fingerprint)
+
+
+def _load_many(files: list[FileEntry], base: Path, name: str, cache: Path) -> tuple[Any, Any, int, str]:
+    """A directory's or a glob's files: ``.bin`` shards if there are any, else text."""
+    shards = [Path(path) for rel, path, _ in files if rel.endswith(".bin")]
+    if shards:
+        return load_shards(shards, name, cache)
+    if any(rel.endswith(".npy") for rel, _, _ in files):
+        raise UsageError(f"data {name!r} holds .npy files: pass one .npy token array, not a directory or glob")
+    docs = text_documents(files, skip_binary=True)
+    if not docs:
+        raise UsageError(f"data {name!r} holds no non-empty text files or .bin shards")
+    return load_text_corpus("text", docs, [str(base.resolve())], cache)
+
+
+def _need(batch_size: int, seq_len: int) -> int:
+    """Tokens in one batch of windows: ``B*T`` inputs plus the one extra target."""
+    if batch_size < 1 or seq_len < 1:
+        raise UsageError(f"batch size and sequence length must be >= 1 (got {batch_size}x{seq_len})")
+    return batch_size * seq_len + 1
+
+
+def check_enough_tokens(data: TokenData, batch_size: int, seq_len: int) -> None:
+    """``UsageError`` unless both splits hold at least one batch of ``batch_size x seq_len``."""
+    need = _need(batch_size, seq_len)
+    for split, tokens in (("training", data.train), ("validation", data.val)):
+        if len(tokens) < need:
+            raise UsageError(
+                f"data {data.name!r} has {len(tokens)} {split} tokens; one batch of {batch_size}x{seq_len} needs {need}"
+            )
+
+
+def _windows(tokens: Any, starts: Any, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    buf = np.stack([np.asarray(tokens[s : s + seq_len + 1]) for s in starts]).astype(np.int64)  # (B, T+1)
+    buf = torch.from_numpy(buf)
+    return buf[:, :-1], buf[:, 1:]  # x, y: (B, T) each; y[b, t] = x[b, t+1]
+
+
+class BatchSampler:
+    """Random contiguous windows from the training split, reproducible from the seed.
+
+    Uses its own ``numpy.random.Generator(seed)``, never the global RNGs: the same seed gives
+    the same sequence of batches whatever else the process does.
+    """
+
+    def __init__(self, tokens: np.ndarray, batch_size: int, seq_len: int, seed: int) -> None:
+        need = _need(batch_size, seq_len)
+        if len(tokens) < need:
+            raise UsageError(
+                f"the training split has {len(tokens)} tokens; one batch of {batch_size}x{seq_len} needs {need}"
+            )
+        self.tokens, self.batch_size, self.seq_len = tokens, batch_size, seq_len
+        self.rng = np.random.default_rng(seed)
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x, y``: int64 ``(B, T)``; ``y`` is ``x`` shifted left by one token."""
+        starts = self.rng.integers(0, len(self.tokens) - self.seq_len, size=self.batch_size)  # start + T + 1 <= len
+        return _windows(self.tokens, starts, self.seq_len)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        while True:
+            yield self.next()
+
+
+def validation_batches(
+    tokens: np.ndarray, batch_size: int, seq_len: int, n_tokens: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Fixed, ordered, non-overlapping windows from the start of the validation split.
+
+    Covers ``n_tokens`` rounded down to whole batches of ``B*T`` (at least one batch, at
+    most what the split holds); window ``i`` is ``tokens[i*T : i*T + T + 1]``.
+    """
+    need = _need(batch_size, seq_len)
+    if len(tokens) < need:
+        raise UsageError(
+            f"the validation split has {len(tokens)} tokens; one batch of {batch_size}x{seq_len} needs {need}"
+        )
+    per_batch = batch_size * seq_len
+    n_batches = max(1, min(n_tokens // per_batch, (len(tokens) - 1) // per_batch))
+    return [
+        _windows(tokens, range(b * per_batch, (b + 1) * per_batch, seq_len), seq_len) for b in range(n_batches)
+    ]

@@ -1,0 +1,153 @@
+"""The proxy runner: train one ``ArchConfig`` on a fixed token budget and score it.
+
+Every trial of a study sees the same number of training tokens drawn in the same order
+(seeded), and is scored on the same ordered validation slice, so trials differ only by
+shape (and by seed for replicates). AdamW with linear warmup and cosine decay, global
+gradient clipping, early stop on divergence, out-of-memory reported rather than raised.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable
+
+import torch
+
+from nas.arch import ArchConfig
+from nas.data import BatchSampler, TokenData, check_enough_tokens, validation_batches
+from nas.errors import UsageError
+from nas.model import Transformer
+from runners.attention_distance import layer_attention_distances
+from runners.config import TrainConfig
+from runners.device import autocast, is_out_of_memory, peak_memory_mb, reset_peak_memory, resolve_device, set_threads
+from runners.result import TrialResult
+
+# (tokens seen, validation loss) -> True to stop the run now (the search's pruner said so)
+ReportFn = Callable[[int, float], bool]
+
+MAX_CURVE_POINTS = 64  # train-loss points kept in the result (the curve is for plots, not for resuming)
+
+
+def lr_multiplier(step: int, total_steps: int, warmup_frac: float, min_ratio: float) -> float:
+    """Linear warmup over ``warmup_frac * total`` steps, then cosine from 1 to ``min_ratio`` at the last step."""
+    warmup = int(warmup_frac * total_steps)
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total_steps - warmup - 1)
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only; the fused kernel where torch has one for the device."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    fused = device.type in ("cpu", "cuda")
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused)
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]], device: torch.device,
+             dtype: str) -> float:
+    """Mean next-token loss over fixed validation batches (all batches have the same size)."""
+    model.eval()
+    total = 0.0
+    with autocast(device, dtype):
+        for x, y in batches:
+            total += float(model(x.to(device), y.to(device)))
+    model.train()
+    return total / len(batches)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run(arch: ArchConfig, cfg: TrainConfig, data: TokenData, report: ReportFn | None = None) -> TrialResult:
+    """Train ``arch`` for ``cfg.tokens`` tokens of ``data`` and return its scores.
+
+    Validation loss is measured every ``cfg.eval_every`` tokens and at the end; each value
+    goes to ``report``, which may stop the run (status ``pruned``). NaN/inf or a train loss
+    above ``diverge_factor`` times its first value stops it as ``diverged``; running out of
+    memory gives ``oom``. Other exceptions propagate: they are bugs, not results.
+    """
+    started = time.perf_counter()
+    if arch.vocab_size < data.vocab_size:
+        raise UsageError(f"vocab_size={arch.vocab_size} is smaller than the data's vocabulary {data.vocab_size}")
+    check_enough_tokens(data, cfg.batch_size, cfg.seq_len)
+    device = resolve_device(cfg.device)
+    if device.type == "cpu":
+        set_threads(cfg.threads)
+    reset_peak_memory(device)
+    result = TrialResult(status="ok", val_loss=math.nan, params=arch.n_params(),
+                         flops_per_token=arch.flops_per_token(cfg.seq_len), seed=cfg.seed, device=str(device))
+    val = validation_batches(data.val, cfg.batch_size, cfg.seq_len, cfg.eval_tokens)
+    try:
+        torch.manual_seed(cfg.seed)
+        model = Transformer(arch).to(device)
+        _train(model, cfg, data, val, device, report, result)
+        if result.status == "ok" and cfg.attention_batches > 0:
+            inputs = [x.to(device) for x, _ in val[: cfg.attention_batches]]
+            model.eval()
+            result.attention_distance = layer_attention_distances(model, inputs)
+    except Exception as error:  # noqa: BLE001 - only out-of-memory is a result; the rest re-raises
+        if not is_out_of_memory(error):
+            raise
+        result.status, result.reason = "oom", f"out of memory: {str(error).splitlines()[0][:200]}"
+    finally:
+        result.peak_memory_mb = peak_memory_mb(device)
+        result.wall_time_s = time.perf_counter() - started
+    return result
+
+
+def _train(model: Transformer, cfg: TrainConfig, data: TokenData, val: list, device: torch.device,
+           report: ReportFn | None, result: TrialResult) -> None:
+    steps = cfg.steps
+    optimizer = build_optimizer(model, cfg, device)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_multiplier(s, steps, cfg.warmup_frac, cfg.min_lr_ratio))
+    forward = torch.compile(model) if cfg.compile else model
+    sampler = BatchSampler(data.train, cfg.batch_size, cfg.seq_len, cfg.seed)
+    eval_interval = max(1, cfg.eval_every // cfg.tokens_per_step)
+    curve_stride = max(1, steps // MAX_CURVE_POINTS)
+    first_loss: float | None = None
+    train_time = 0.0
+    model.train()
+    for step in range(steps):
+        x, y = sampler.next()
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        tick = time.perf_counter()
+        with autocast(device, cfg.dtype):
+            loss = forward(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip, foreach=True)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        schedule.step()
+        loss_value = float(loss.detach())  # synchronises on CUDA
+        train_time += time.perf_counter() - tick
+        result.steps, result.tokens_seen = step + 1, (step + 1) * cfg.tokens_per_step
+        first_loss = loss_value if first_loss is None else first_loss
+        if step % curve_stride == 0 or step == steps - 1:
+            result.train_curve.append((result.tokens_seen, loss_value))
+        if not math.isfinite(loss_value) or loss_value > cfg.diverge_factor * first_loss:
+            result.status = "diverged"
+            result.reason = (f"train loss {loss_value:.4g} at step {step + 1} "
+                             f"(first {first_loss:.4g}, limit {cfg.diverge_factor:g}x)")
+            break
+        if (step + 1) % eval_interval == 0 or step == steps - 1:
+            result.val_loss = evaluate(model, val, device, cfg.dtype)
+            result.eval_curve.append((result.tokens_seen, result.val_loss))
+            if not math.isfinite(result.val_loss):
+                result.status, result.reason = "diverged", f"validation loss {result.val_loss} at step {step + 1}"
+                break
+            if report is not None and report(result.tokens_seen, result.val_loss) and step < steps - 1:
+                result.status, result.reason = "pruned", f"pruned after {result.tokens_seen} tokens"
+                break
+    _sync(device)
+    result.train_time_s = train_time
+    result.tokens_per_s = result.tokens_seen / train_time if train_time > 0 else 0.0

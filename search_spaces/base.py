@@ -1,0 +1,94 @@
+"""The one interface every search space implements; the study and the CLI depend on exactly this."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from nas.arch import ArchConfig
+from nas.errors import UsageError
+
+if TYPE_CHECKING:  # optuna is only needed for the trial's type
+    from optuna.trial import BaseTrial
+
+
+class SearchSpace(ABC):
+    """A finite set of ``ArchConfig`` members with a distinguished baseline.
+
+    Contract shared by all spaces:
+
+    - ``baseline()`` is a member and the first one ``__iter__`` yields;
+    - ``__iter__`` yields every member exactly once, in a deterministic order, streaming;
+    - ``count()`` is exact and equals the number of members ``__iter__`` yields;
+    - ``suggest(trial)`` always returns a member, and within one space instance each
+      parameter name always has the same distribution (name and range);
+    - ``params_of`` inverts ``suggest``: ``suggest(FixedTrial(params_of(m))) == m`` for every member ``m``.
+    """
+
+    name: str
+
+    @abstractmethod
+    def baseline(self) -> ArchConfig:
+        """Uniform heads / conventional FFN: the shape every gain is measured against."""
+
+    @abstractmethod
+    def __iter__(self) -> Iterator[ArchConfig]:
+        """Every member once, deterministic order, baseline first."""
+
+    @abstractmethod
+    def count(self) -> int:
+        """The exact number of members."""
+
+    @abstractmethod
+    def validate(self, arch: ArchConfig) -> list[str]:
+        """Every reason ``arch`` is not a member, in words; empty when it is one."""
+
+    def contains(self, arch: ArchConfig) -> bool:
+        return not self.validate(arch)
+
+    def __contains__(self, arch: object) -> bool:
+        return isinstance(arch, ArchConfig) and self.contains(arch)
+
+    @abstractmethod
+    def suggest(self, trial: BaseTrial) -> ArchConfig:
+        """Sample a member through Optuna's define-by-run API."""
+
+    @abstractmethod
+    def params_of(self, arch: ArchConfig) -> dict[str, Any]:
+        """The Optuna params for which ``suggest`` returns ``arch`` (for ``enqueue_trial``)."""
+
+    @abstractmethod
+    def describe(self) -> dict[str, Any]:
+        """The space's options, JSON-serialisable (stored with the study, printed by the CLI)."""
+
+    @abstractmethod
+    def row(self, arch: ArchConfig) -> dict[str, Any]:
+        """One flat description of a member for tables, JSON/CSV listings and reports."""
+
+    table_columns: tuple[str, ...] = ()  # the subset of ``row`` keys that ``nas space list`` shows as a table
+
+    def _require_member(self, arch: ArchConfig) -> None:
+        reasons = self.validate(arch)
+        if reasons:
+            raise UsageError(f"not a member of the {self.name} space: {'; '.join(reasons)}")
+
+
+# ----------------------------------------------------------------- shared checks (one-line UsageErrors)
+def heads_error(heads: int, d_model: int) -> str | None:
+    """Why ``heads`` cannot split ``d_model`` evenly, listing the valid head counts nearby; None when it can."""
+    if heads >= 1 and d_model % heads == 0:
+        return None
+    valid = [h for h in range(1, min(d_model, max(2 * heads, 12)) + 1) if d_model % h == 0]
+    return f"{heads} does not divide d_model={d_model}; divisors ≤ {valid[-1]} are {','.join(map(str, valid))}"
+
+
+def check_heads(heads: int, d_model: int) -> None:
+    reason = heads_error(heads, d_model)
+    if reason:
+        raise UsageError(reason)
+
+
+def check_positive(name: str, value: int, what: str = "it must be a positive integer") -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise UsageError(f"{name}={value!r} is invalid: {what}")

@@ -1,0 +1,101 @@
+"""Build a search space from user options: the one place that fills defaults and rejects bad values.
+
+Every option is None when the user did not give it; ``defaults`` (a baseline ``ArchConfig``,
+e.g. a proxy preset's) fills the shape, else ``DEFAULT_BASELINE``. Bad values raise one-line
+``UsageError``s naming the value and what would be valid.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from nas.arch import ArchConfig, FFNShape, llama_ffn_hidden, uniform
+from nas.errors import UsageError
+from search_spaces.base import SearchSpace, check_heads
+from search_spaces.hourglass import HourglassSpace
+from search_spaces.joint import JointSpace
+from search_spaces.prism import PrismSpace
+
+# The CPU proxy's shape: GPT-2 small's depth and head count (12 x 12) at a quarter of its width,
+# byte-level vocabulary, tied embeddings, conventional LLaMA FFN (hidden 512).
+DEFAULT_BASELINE = uniform(n_layers=12, d_model=192, n_heads=12, vocab_size=256)
+
+SPACES = ("prism", "hourglass", "joint")
+PRISM_ONLY = ("min_plateau", "max_plateau", "min_baseline", "hw_aligned", "min_head_dim")
+HOURGLASS_ONLY = ("budget", "k_values", "layer_values", "ratio_values", "head_dim", "tolerance",
+                  "ratio_tolerance", "fix")
+
+
+@dataclass(frozen=True)
+class SpaceOptions:
+    """Every shape option of ``nas space`` and ``nas search``; None means "the default"."""
+
+    space: str = "prism"  # prism | hourglass | joint
+    # the baseline shape (defaults: the ``defaults`` ArchConfig, else DEFAULT_BASELINE)
+    layers: int | None = None
+    d_model: int | None = None
+    heads: int | None = None  # h_base: the uniform head count, must divide d_model
+    vocab: int | None = None
+    tie_embeddings: bool | None = None
+    ffn_hidden: int | None = None  # the conventional FFN's hidden size (LLaMA's ~8/3 d_model)
+    # prism (also joint)
+    min_plateau: int | None = None  # 2
+    max_plateau: int | None = None  # 4
+    min_baseline: int | None = None  # ceil(L/2)
+    hw_aligned: bool | None = None  # False
+    min_head_dim: int | None = None
+    # hourglass (also joint)
+    budget: int | None = None  # parameters; None: the baseline shape's count
+    k_values: tuple[int, ...] | None = None  # (1, 2, 4, 6, 8)
+    layer_values: tuple[int, ...] | None = None  # L/2, 3L/4, L, 3L/2, 2L
+    ratio_values: tuple[float, ...] | None = None  # d_h/d_model: 0.2 ... 1.0
+    head_dim: int | None = None  # the baseline's d_model / heads
+    tolerance: float | None = None  # 0.001 = 0.1% of the budget
+    ratio_tolerance: float | None = None  # 0.15: achieved d_h/d_model within ±15% of the grid value
+    fix: str | None = None  # "attention": keep the baseline's d_model and L
+
+
+def _given(opts: SpaceOptions, names: tuple[str, ...]) -> list[str]:
+    return ["--" + n.replace("_", "-") for n in names if getattr(opts, n) not in (None, False)]
+
+
+def _kwargs(opts: SpaceOptions, names: tuple[str, ...]) -> dict[str, object]:
+    """The options in ``names`` that were given; the space's own defaults cover the rest."""
+    return {n: getattr(opts, n) for n in names if getattr(opts, n) is not None}
+
+
+def build_space(opts: SpaceOptions, defaults: ArchConfig | None = None) -> SearchSpace:
+    """The search space the options describe; raises ``UsageError`` for any bad or misplaced value."""
+    if opts.space not in SPACES:
+        raise UsageError(f"unknown space {opts.space!r}; choose prism, hourglass or joint")
+    foreign = _given(opts, HOURGLASS_ONLY if opts.space == "prism" else PRISM_ONLY if opts.space == "hourglass" else ())
+    if foreign:
+        owner = "hourglass and joint" if opts.space == "prism" else "prism and joint"
+        raise UsageError(f"{', '.join(foreign)} only appl{'ies' if len(foreign) == 1 else 'y'} to the {owner} "
+                         f"spaces, not {opts.space}")
+    base = defaults or DEFAULT_BASELINE
+    layers = base.n_layers if opts.layers is None else opts.layers
+    d_model = base.d_model if opts.d_model is None else opts.d_model
+    heads = base.heads[-1] if opts.heads is None else opts.heads
+    vocab = base.vocab_size if opts.vocab is None else opts.vocab
+    tie = base.tie_embeddings if opts.tie_embeddings is None else opts.tie_embeddings
+    if not isinstance(d_model, int) or d_model < 1:
+        raise UsageError(f"d_model={d_model!r} is invalid: it must be a positive integer")
+    check_heads(heads, d_model)
+    # the defaults' FFN only fits their own width
+    ffn = base.ffn if d_model == base.d_model else FFNShape(1, llama_ffn_hidden(d_model))
+    if opts.ffn_hidden is not None:
+        ffn = FFNShape(ffn.k, opts.ffn_hidden)
+    prism_kwargs = _kwargs(opts, PRISM_ONLY)
+    if opts.space == "prism":
+        return PrismSpace(layers, d_model, heads, vocab_size=vocab, tie_embeddings=tie, ffn=ffn, **prism_kwargs)
+    if ffn.k != 1:
+        raise UsageError(f"the hourglass baseline needs a conventional FFN (K=1), not K={ffn.k}")
+    hourglass = HourglassSpace(layers, d_model, heads, vocab_size=vocab, tie_embeddings=tie, ffn_hidden=ffn.hidden,
+                               **_kwargs(opts, HOURGLASS_ONLY))
+    if opts.space == "hourglass":
+        return hourglass
+    return JointSpace(hourglass, **prism_kwargs)
+
+
+OPTION_NAMES = tuple(f.name for f in fields(SpaceOptions))

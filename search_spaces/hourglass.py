@@ -1,0 +1,356 @@
+"""Hourglass FFN shapes, every member matched to one parameter budget.
+
+Paper: Hourglass FFN, stacks of wide-narrow-wide residual sub-MLPs (docs/papers.md, section 2).
+A member has ``K`` SwiGLU sub-MLPs ``d_model -> d_h -> d_model`` per layer, ``d_model / head_dim``
+heads in every layer, and the exact parameter count of ``nas.arch.ArchConfig.n_params``
+
+    N(L, d, K, d_h) = t V d + 4 L d^2 + 3 L K d d_h + L (1 + K) d + d        (t = 1 tied, 2 untied)
+
+within ``tolerance`` (relative) of the budget ``B``.
+
+Solver for a grid point ``(K, L, rho = d_h / d_model)``: with ``d_h = rho d`` the count is a quadratic
+``a d^2 + b d`` (``a = L (4 + 3 K rho)``, ``b = t V + L (1 + K) + 1``), so the continuous width is
+``d*(rho) = (-b + sqrt(b^2 + 4 a B)) / 2a``. The candidates are the multiples of ``head_dim``
+between ``d*(rho (1 + ratio_tolerance))`` and ``d*(rho (1 - ratio_tolerance))``; each gets the integer
+``d_h`` closest to the budget, ``round((B - N(L, d, K, 0)) / (3 L K d))``. Among those within
+``tolerance`` of the budget and within ``ratio_tolerance`` of ``rho``, the one closest to ``rho``
+wins. A point with no such width is *unmatched* and reported with the reason.
+
+Fixed-attention mode (the paper's first study): ``d_model`` and ``L`` stay the baseline's, so the
+attention parameters do not move; only ``K`` varies and ``d_h`` follows from the budget (``K d_h``
+is then constant, so ``d_h/d_model`` is an outcome, not an input).
+
+The baseline is the conventional ``K = 1`` FFN (``d_h = ffn_hidden``, LLaMA's ~8/3 d_model) of the
+reference shape; with a different budget, the solver picks the width at the reference's ``L``
+whose ``d_h / d_model`` is closest to the reference's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from nas.arch import ArchConfig, FFNShape, llama_ffn_hidden, uniform
+from nas.errors import UsageError
+from search_spaces.base import SearchSpace, check_heads, check_positive
+
+if TYPE_CHECKING:
+    from optuna.trial import BaseTrial
+
+DEFAULT_K_VALUES = (1, 2, 4, 6, 8)
+DEFAULT_RATIO_VALUES = (0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0)
+DEFAULT_LAYER_FACTORS = (0.5, 0.75, 1.0, 1.5, 2.0)  # default L grid: these multiples of the baseline's L
+FIX_CHOICES = ("attention",)
+
+
+@dataclass(frozen=True)
+class GridPoint:
+    """One point of the grid; ``ratio`` (target d_h/d_model) is None in fixed-attention mode."""
+
+    k: int
+    layers: int
+    ratio: float | None
+
+    def __str__(self) -> str:
+        ratio = "" if self.ratio is None else f" d_h/d_model={self.ratio:g}"
+        return f"K={self.k} L={self.layers}{ratio}"
+
+
+@dataclass(frozen=True)
+class Unmatched:
+    """A grid point left out of the space, and why (budget not matchable, duplicate shape, ...)."""
+
+    point: GridPoint
+    reason: str
+
+
+@dataclass
+class _Solution:
+    """The solved grid: members by key (baseline first) with their grid point, every point that
+    solved (duplicates included) with its member, and the points left out."""
+
+    members: dict[str, tuple[ArchConfig, GridPoint | None]]
+    by_point: dict[GridPoint, ArchConfig]
+    unmatched: list[Unmatched]
+
+
+def _sorted_unique(values: Sequence[Any]) -> tuple[Any, ...]:
+    return tuple(sorted(set(values)))
+
+
+class HourglassSpace(SearchSpace):
+    """Budget-matched grid over K, L and d_h/d_model (d_model solved), the conventional baseline first."""
+
+    name = "hourglass"
+    table_columns = ("kind", "k", "layers", "d_model", "d_h", "params", "budget_deviation",
+                     "d_model_per_layer", "d_h_over_d_model")
+
+    def __init__(
+        self,
+        layers: int,
+        d_model: int,
+        heads: int,
+        *,
+        vocab_size: int = 256,
+        tie_embeddings: bool = True,
+        ffn_hidden: int | None = None,  # the reference's conventional SwiGLU width; None: LLaMA's rule
+        budget: int | None = None,  # None: the reference shape's own parameter count
+        k_values: Sequence[int] | None = None,
+        layer_values: Sequence[int] | None = None,
+        ratio_values: Sequence[float] | None = None,
+        head_dim: int | None = None,  # None: the reference's d_model / heads
+        tolerance: float = 0.001,  # |N - B| / B allowed (0.1%)
+        ratio_tolerance: float = 0.15,  # |achieved d_h/d_model / target - 1| allowed (widths step by head_dim)
+        fix: str | None = None,  # "attention": keep the baseline's d_model and L
+    ) -> None:
+        for name, value in (("layers", layers), ("d_model", d_model), ("vocab_size", vocab_size)):
+            check_positive(name, value)
+        check_heads(heads, d_model)
+        head_dim = d_model // heads if head_dim is None else head_dim
+        check_positive("head_dim", head_dim)
+        if d_model % head_dim:
+            raise UsageError(f"head_dim={head_dim} does not divide the baseline's d_model={d_model}")
+        if fix not in (None, *FIX_CHOICES):
+            raise UsageError(f"unknown fix {fix!r}; the only part that can be fixed is 'attention'")
+        if fix and (layer_values is not None or ratio_values is not None):
+            raise UsageError("fix=attention keeps the baseline's L and d_model, so d_h/d_model follows from K: "
+                             "drop --layer-values and --ratio-values")
+        if not 0 < tolerance < 1:
+            raise UsageError(f"tolerance={tolerance!r} is invalid: give a fraction in (0, 1), e.g. 0.001 for 0.1%")
+        if not 0 < ratio_tolerance < 1:
+            raise UsageError(f"ratio_tolerance={ratio_tolerance!r} is invalid: give a fraction in (0, 1)")
+        self.k_values = _sorted_unique(DEFAULT_K_VALUES if k_values is None else k_values)
+        for k in self.k_values:
+            check_positive("k", k, "the FFN stack depth K is an integer >= 1")
+        if layer_values is None:
+            layer_values = [max(1, round(layers * f)) for f in DEFAULT_LAYER_FACTORS]
+        self.ratio_values = _sorted_unique(DEFAULT_RATIO_VALUES if ratio_values is None else ratio_values)
+        for ratio in self.ratio_values:
+            if not (isinstance(ratio, (int, float)) and ratio > 0):
+                raise UsageError(f"d_h/d_model ratio {ratio!r} is invalid: ratios are positive numbers such as 0.4")
+        if not self.k_values or not self.ratio_values or not layer_values:
+            raise UsageError("the grid needs at least one value each of K, L and d_h/d_model")
+        self.vocab_size, self.tie_embeddings, self.head_dim = vocab_size, bool(tie_embeddings), head_dim
+        self.tolerance, self.ratio_tolerance, self.fix = tolerance, ratio_tolerance, fix
+        hidden = llama_ffn_hidden(d_model) if ffn_hidden is None else ffn_hidden
+        check_positive("ffn_hidden", hidden)
+        self.reference = uniform(layers, d_model, d_model // head_dim, vocab_size, FFNShape(1, hidden), tie_embeddings)
+        self.budget = self.reference.n_params()["total"] if budget is None else budget
+        check_positive("budget", self.budget, "a parameter budget is a positive integer such as 113M")
+        self._baseline = self._solve_baseline()
+        if fix:
+            self.layer_values: tuple[int, ...] = (self._baseline.n_layers,)
+        else:
+            self.layer_values = _sorted_unique(layer_values)
+            for value in self.layer_values:
+                check_positive("layers", value, "grid layer counts are integers >= 1")
+
+    # ----------------------------------------------------------------- the solver
+    def _arch(self, layers: int, d_model: int, k: int, d_h: int) -> ArchConfig:
+        return uniform(layers, d_model, d_model // self.head_dim, self.vocab_size, FFNShape(k, d_h), self.tie_embeddings)
+
+    def deviation(self, arch: ArchConfig) -> float:
+        """Signed relative distance of the exact parameter count from the budget."""
+        return (arch.n_params()["total"] - self.budget) / self.budget
+
+    def _best_d_h(self, layers: int, d_model: int, k: int) -> int | None:
+        """The integer d_h whose exact count is closest to the budget, or None if no FFN fits."""
+        rest = self._arch(layers, d_model, k, 1).n_params()["total"] - 3 * layers * k * d_model
+        step = 3 * layers * k * d_model  # parameters per unit of d_h
+        d_h = (2 * (self.budget - rest) + step) // (2 * step)  # round to nearest
+        return d_h if d_h >= 1 else None
+
+    def _width(self, layers: int, k: int, ratio: float) -> float:
+        """The continuous d_model at which d_h = ratio * d_model meets the budget (module docstring)."""
+        a = layers * (4 + 3 * k * ratio)
+        b = (1 if self.tie_embeddings else 2) * self.vocab_size + layers * (1 + k) + 1
+        return (-b + math.sqrt(b * b + 4 * a * self.budget)) / (2 * a)
+
+    def _solve(self, k: int, layers: int, ratio: float, ratio_tolerance: float) -> ArchConfig | str:
+        """The member for one grid point, or the reason there is none."""
+        hd = self.head_dim
+        low = max(hd, math.floor(self._width(layers, k, ratio * (1 + ratio_tolerance)) / hd) * hd)
+        high = math.ceil(self._width(layers, k, ratio * (1 - ratio_tolerance)) / hd) * hd
+        best: tuple[tuple[float, float], ArchConfig] | None = None
+        miss: tuple[float, ArchConfig] | None = None
+        for d_model in range(low, high + 1, hd):
+            d_h = self._best_d_h(layers, d_model, k)
+            if d_h is None or abs(d_h / d_model / ratio - 1) > ratio_tolerance:
+                continue
+            arch = self._arch(layers, d_model, k, d_h)
+            deviation = abs(self.deviation(arch))
+            if deviation <= self.tolerance:
+                score = (abs(d_h / d_model - ratio), deviation)
+                if best is None or score < best[0]:
+                    best = (score, arch)
+            elif miss is None or deviation < miss[0]:
+                miss = (deviation, arch)
+        if best:
+            return best[1]
+        if miss:
+            d, d_h = miss[1].d_model, miss[1].ffn.hidden
+            return (f"d_h steps of 3·L·K·d_model = {3 * layers * k * d:,} parameters are too coarse: the closest, "
+                    f"d_model={d} d_h={d_h}, is {self.deviation(miss[1]):+.3%} off the budget "
+                    f"(tolerance ±{self.tolerance:.3%}; raise --tolerance)")
+        return (f"no d_model that is a multiple of head_dim={hd} gives d_h/d_model within ±{ratio_tolerance:.0%} "
+                f"of {ratio:g} at this budget (continuous solution d_model≈{self._width(layers, k, ratio):.0f})")
+
+    def _solve_fixed(self, k: int) -> ArchConfig | str:
+        base = self._baseline
+        d_h = self._best_d_h(base.n_layers, base.d_model, k)
+        if d_h is None:
+            return f"attention and embeddings alone exceed the budget {self.budget:,}"
+        arch = self._arch(base.n_layers, base.d_model, k, d_h)
+        if abs(self.deviation(arch)) > self.tolerance:
+            return (f"d_h={d_h} is {self.deviation(arch):+.3%} off the budget (tolerance ±{self.tolerance:.3%}; "
+                    "raise --tolerance)")
+        return arch
+
+    def _solve_baseline(self) -> ArchConfig:
+        ref = self.reference
+        if self.budget == ref.n_params()["total"]:
+            return ref
+        solved = self._solve(1, ref.n_layers, ref.ffn.hidden / ref.d_model, ratio_tolerance=0.5)
+        if isinstance(solved, str):
+            raise UsageError(f"no conventional K=1 shape with layers={ref.n_layers} matches the budget "
+                             f"{self.budget:,}: {solved}")
+        return solved
+
+    @cached_property
+    def _solved(self) -> _Solution:
+        members: dict[str, tuple[ArchConfig, GridPoint | None]] = {self._baseline.key(): (self._baseline, None)}
+        solution = _Solution(members, {}, [])
+        for point in self.grid():
+            solved = (self._solve_fixed(point.k) if point.ratio is None
+                      else self._solve(point.k, point.layers, point.ratio, self.ratio_tolerance))
+            if isinstance(solved, str):
+                solution.unmatched.append(Unmatched(point, solved))
+                continue
+            if solved.key() in members:
+                first = members[solved.key()][1]
+                solution.unmatched.append(Unmatched(point, f"same shape as {first or 'the baseline'}"))
+                solved = members[solved.key()][0]
+            else:
+                members[solved.key()] = (solved, point)
+            solution.by_point[point] = solved
+        return solution
+
+    # ----------------------------------------------------------------- the SearchSpace API
+    def grid(self) -> Iterator[GridPoint]:
+        """The grid points in order: K, then L, then d_h/d_model (ascending)."""
+        for k in self.k_values:
+            if self.fix:
+                yield GridPoint(k, self._baseline.n_layers, None)
+                continue
+            for layers in self.layer_values:
+                for ratio in self.ratio_values:
+                    yield GridPoint(k, layers, ratio)
+
+    def baseline(self) -> ArchConfig:
+        return self._baseline
+
+    def __iter__(self) -> Iterator[ArchConfig]:
+        return (arch for arch, _ in self._solved.members.values())
+
+    def count(self) -> int:
+        return len(self._solved.members)
+
+    def unmatched(self) -> list[Unmatched]:
+        """Grid points that are not members: no budget match within tolerance, or a duplicate shape."""
+        return list(self._solved.unmatched)
+
+    def point_of(self, arch: ArchConfig) -> GridPoint | None:
+        """The grid point a member was solved from (None for the baseline)."""
+        return self._solved.members[arch.key()][1]
+
+    def validate(self, arch: ArchConfig) -> list[str]:
+        if arch.key() in self._solved.members:
+            return []
+        ref = self._baseline
+        reasons = [
+            f"{field}={getattr(arch, field)!r} but the space fixes {field}={getattr(ref, field)!r}"
+            for field in ("vocab_size", "tie_embeddings", "rope_theta", "norm_eps")
+            if getattr(arch, field) != getattr(ref, field)
+        ]
+        if arch.d_model % self.head_dim:
+            reasons.append(f"d_model={arch.d_model} is not a multiple of head_dim={self.head_dim}")
+        elif set(arch.heads) != {arch.d_model // self.head_dim}:
+            reasons.append(f"hourglass members have d_model/head_dim = {arch.d_model // self.head_dim} heads in every layer")
+        if abs(self.deviation(arch)) > self.tolerance:
+            reasons.append(f"{arch.n_params()['total']:,} parameters is {self.deviation(arch):+.3%} off the budget "
+                           f"{self.budget:,} (tolerance ±{self.tolerance:.3%})")
+        if self.fix and (arch.d_model, arch.n_layers) != (ref.d_model, ref.n_layers):
+            reasons.append(f"fix=attention keeps d_model={ref.d_model} and layers={ref.n_layers}")
+        elif arch.n_layers not in self.layer_values and arch.n_layers != ref.n_layers:
+            reasons.append(f"layers={arch.n_layers} is not in the grid {list(self.layer_values)}")
+        if arch.ffn.k not in self.k_values and arch.ffn.k != 1:
+            reasons.append(f"K={arch.ffn.k} is not in the grid {list(self.k_values)}")
+        return reasons or ["not the solver's shape for any grid point (one d_model and d_h per point; "
+                           "see `nas space list --space hourglass`)"]
+
+    def _nearest_member(self, point: GridPoint) -> ArchConfig:
+        """The member solved from ``point``, else the nearest matched point's (keep K, then L, then the ratio)."""
+        by_point = self._solved.by_point
+        if point in by_point:
+            return by_point[point]
+        matched = [p for p in self.grid() if p in by_point]
+        if not matched:
+            return self._baseline
+
+        def distance(p: GridPoint) -> tuple[int, int, int]:
+            ratios = self.ratio_values
+            return (abs(self.k_values.index(p.k) - self.k_values.index(point.k)),
+                    abs(self.layer_values.index(p.layers) - self.layer_values.index(point.layers)),
+                    0 if p.ratio is None else abs(ratios.index(p.ratio) - ratios.index(point.ratio)))
+
+        return by_point[min(matched, key=distance)]
+
+    def suggest(self, trial: BaseTrial) -> ArchConfig:
+        """Parameters: ``ffn`` in {conventional, hourglass}; for hourglass ``k`` (categorical over
+        k_values) and, unless attention is fixed, ``layers`` and ``d_h_over_d_model`` (categoricals over
+        the grid). An unmatched point is replaced by the nearest matched one."""
+        if trial.suggest_categorical("ffn", ("conventional", "hourglass")) == "conventional":
+            return self._baseline
+        k = trial.suggest_categorical("k", self.k_values)
+        if self.fix:
+            return self._nearest_member(GridPoint(k, self._baseline.n_layers, None))
+        layers = trial.suggest_categorical("layers", self.layer_values)
+        ratio = trial.suggest_categorical("d_h_over_d_model", self.ratio_values)
+        return self._nearest_member(GridPoint(layers=layers, k=k, ratio=ratio))
+
+    def params_of(self, arch: ArchConfig) -> dict[str, Any]:
+        self._require_member(arch)
+        point = self.point_of(arch)
+        if point is None:
+            return {"ffn": "conventional"}
+        params: dict[str, Any] = {"ffn": "hourglass", "k": point.k}
+        if not self.fix:
+            params.update(layers=point.layers, d_h_over_d_model=point.ratio)
+        return params
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "space": self.name, "budget": self.budget, "baseline": self._baseline.to_dict(),
+            "head_dim": self.head_dim, "vocab_size": self.vocab_size, "tie_embeddings": self.tie_embeddings,
+            "k_values": list(self.k_values), "layer_values": list(self.layer_values),
+            "ratio_values": None if self.fix else list(self.ratio_values),
+            "tolerance": self.tolerance, "ratio_tolerance": self.ratio_tolerance, "fix": self.fix,
+        }
+
+    def row(self, arch: ArchConfig) -> dict[str, Any]:
+        p = arch.n_params()
+        point = self._solved.members[arch.key()][1] if arch.key() in self._solved.members else None
+        return {
+            "kind": "baseline" if arch == self._baseline else "hourglass",
+            "k": arch.ffn.k, "layers": arch.n_layers, "d_model": arch.d_model, "d_h": arch.ffn.hidden,
+            "n_heads": arch.heads[0], "head_dim": arch.d_model // arch.heads[0],
+            "params": p["total"], "params_embedding": p["embedding"], "params_attention": p["attention"],
+            "params_ffn": p["ffn"], "params_norm": p["norm"],
+            "budget": self.budget, "budget_deviation": self.deviation(arch),
+            "d_model_per_layer": arch.d_model / arch.n_layers, "d_h_over_d_model": arch.ffn.hidden / arch.d_model,
+            "grid_ratio": None if point is None else point.ratio,
+            "key": arch.key(),
+        }

@@ -1,0 +1,367 @@
+"""Data sources, the token cache, and reproducible batches (``nas.data``)."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import nas.data_sources as sources
+from nas.data import BatchSampler, TokenData, check_enough_tokens, load_data, validation_batches
+from nas.data_cache import cache_root
+from nas.data_sources import SEPARATOR, ConcatTokens, is_validation_file
+from nas.errors import UsageError
+
+
+def write_shard(path: Path, tokens, magic: int = 20240520, version: int = 1, n_tokens: int | None = None) -> Path:
+    """An llm.c / modded-nanogpt shard: 256 int32 header (magic, version, count), then uint16 tokens."""
+    tokens = np.asarray(tokens, dtype=np.uint16)
+    header = np.zeros(256, dtype=np.int32)
+    header[:3] = magic, version, len(tokens) if n_tokens is None else n_tokens
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(tokens.tobytes())
+    return path
+
+
+def raises_one_line(match: str, fn, *args, **kwargs) -> str:
+    with pytest.raises(UsageError, match=match) as info:
+        fn(*args, **kwargs)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> Path:
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def shard_dir(tmp_path: Path) -> tuple[Path, list[np.ndarray]]:
+    rng = np.random.default_rng(0)
+    parts = [rng.integers(0, 50257, size=n, dtype=np.uint16) for n in (3000, 2000, 1500)]
+    d = tmp_path / "fineweb10B"
+    d.mkdir()
+    write_shard(d / "fineweb_train_000001.bin", parts[0])
+    write_shard(d / "fineweb_train_000002.bin", parts[1])
+    write_shard(d / "fineweb_val_000000.bin", parts[2])
+    return d, parts
+
+
+# --------------------------------------------------------------------------- .bin shards
+def test_shard_directory_concatenates_train_shards_and_reads_val_shard(shard_dir, cache):
+    d, parts = shard_dir
+    data = load_data(str(d), cache_dir=cache)
+    assert isinstance(data.train, ConcatTokens) and data.train.dtype == np.uint16
+    np.testing.assert_array_equal(np.asarray(data.train), np.concatenate(parts[:2]))
+    np.testing.assert_array_equal(np.asarray(data.val), parts[2])
+    assert data.vocab_size == 50304  # GPT-2's 50257 padded to a multiple of 64
+    assert data.describe() == {
+        "name": str(d),
+        "vocab_size": 50304,
+        "n_train_tokens": 5000,
+        "n_val_tokens": 1500,
+        "fingerprint": data.fingerprint,
+    }
+
+
+def test_shard_glob_selects_the_same_shards(shard_dir, cache):
+    d, _ = shard_dir
+    by_dir = load_data(str(d), cache_dir=cache)
+    by_glob = load_data(str(d / "fineweb_*.bin"), cache_dir=cache)
+    assert by_glob.fingerprint == by_dir.fingerprint
+    assert len(by_glob.train) == 5000
+
+
+def test_shard_vocab_grows_past_gpt2_when_a_token_needs_it(tmp_path, cache):
+    write_shard(tmp_path / "x_train_0.bin", [1, 2, 60000, 3])
+    write_shard(tmp_path / "x_val_0.bin", [4, 5])
+    assert load_data(str(tmp_path), cache_dir=cache).vocab_size == 60032  # 60001 rounded up to 64
+
+
+def test_concat_tokens_slices_across_shard_boundaries():
+    view = ConcatTokens([np.arange(0, 5), np.arange(5, 7), np.arange(7, 12)])
+    whole = np.arange(12)
+    for a, b in [(0, 12), (3, 9), (4, 5), (5, 7), (6, 11), (11, 12), (8, 8)]:
+        np.testing.assert_array_equal(view[a:b], whole[a:b])
+    assert len(view) == 12 and view[6] == 6 and view[-1] == 11
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"magic": 20240519}, r"has magic number 20240519, expected 20240520"),
+        ({"version": 2}, r"has version 2, expected 1"),
+        ({"n_tokens": 5000}, r"header says 5000 tokens but the file holds 1500"),
+    ],
+)
+def test_bad_shard_header_is_one_line_naming_the_shard(shard_dir, cache, kwargs, match):
+    d, parts = shard_dir
+    bad = write_shard(d / "fineweb_val_000000.bin", parts[2], **kwargs)
+    message = raises_one_line(match, load_data, str(d), cache_dir=cache)
+    assert str(bad) in message
+
+
+def test_truncated_and_empty_shards_are_rejected(shard_dir, cache):
+    d, parts = shard_dir
+    shard = write_shard(d / "fineweb_val_000000.bin", parts[2])
+    with open(shard, "r+b") as f:
+        f.truncate(1024 + 2 * 1500 - 1)
+    raises_one_line(r"header says 1500 tokens but the file holds 1499.5", load_data, str(d), cache_dir=cache)
+    shard.write_bytes(b"")
+    raises_one_line(r"shard .*fineweb_val_000000.bin' is empty", load_data, str(d), cache_dir=cache)
+
+
+@pytest.mark.parametrize("missing", ["train", "val"])
+def test_shard_directory_without_a_split_is_an_error_naming_the_path(shard_dir, cache, missing):
+    d, _ = shard_dir
+    for shard in d.glob(f"*_{missing}_*.bin"):
+        shard.unlink()
+    message = raises_one_line(rf"has no \*_{missing}_\*.bin shard", load_data, str(d), cache_dir=cache)
+    assert str(d) in message
+
+
+# --------------------------------------------------------------------------- text
+def test_text_file_is_byte_level_with_the_last_5_percent_as_validation(tmp_path, cache):
+    text = ("Attention is all you need. " * 400).encode()
+    path = tmp_path / "corpus.md"  # any extension but .npy/.bin is text
+    path.write_bytes(text)
+    data = load_data(str(path), cache_dir=cache)
+    assert data.vocab_size == 256 and data.train.dtype == np.uint8
+    assert len(data.val) == -(-len(text) // 20)
+    assert bytes(data.train) + bytes(data.val) == text
+
+
+def test_text_directory_is_split_by_file_with_the_fixed_hash_rule(tmp_path, cache):
+    d = tmp_path / "docs"
+    (d / "sub").mkdir(parents=True)
+    contents = {f"sub/doc{i:02d}.txt": f"document {i} ".encode() * 30 for i in range(40)}
+    for rel, text in contents.items():
+        (d / rel).write_bytes(text)
+    (d / ".hidden").write_bytes(b"never read")
+    (d / "image.png").write_bytes(b"\x89PNG\0\0binary")
+    val_files = sorted(rel for rel in contents if is_validation_file(rel))
+    assert 0 < len(val_files) < len(contents)  # these names put some files on each side
+
+    data = load_data(str(d), cache_dir=cache)
+    assert bytes(data.val) == SEPARATOR.join(contents[r] for r in val_files)
+    assert bytes(data.train) == SEPARATOR.join(contents[r] for r in sorted(contents) if r not in val_files)
+
+
+def test_text_glob_and_few_files_fall_back_to_a_token_tail(tmp_path, cache):
+    for name in ("a.txt", "b.txt"):
+        (tmp_path / name).write_bytes(name.encode() * 500)
+    (tmp_path / "c.log").write_bytes(b"ignored by the glob")
+    data = load_data(str(tmp_path / "*.txt"), cache_dir=cache)
+    whole = SEPARATOR.join(n.encode() * 500 for n in ("a.txt", "b.txt"))
+    assert not any(is_validation_file(n) for n in ("a.txt", "b.txt"))  # so the rule cannot split them
+    assert bytes(data.train) + bytes(data.val) == whole
+    assert len(data.val) == -(-len(whole) // 20)
+
+
+def test_text_cache_is_reused_and_rebuilt_when_a_file_changes(tmp_path, cache, monkeypatch):
+    path = tmp_path / "t.txt"
+    path.write_bytes(b"first version " * 100)
+    first = load_data(str(path), cache_dir=cache)
+    assert isinstance(first.train, np.memmap)
+
+    def no_build(*args):
+        raise AssertionError("cache entry rebuilt")
+
+    with monkeypatch.context() as m:
+        m.setattr(sources, "_build_text_cache", no_build)
+        assert load_data(str(path), cache_dir=cache).fingerprint == first.fingerprint
+    path.write_bytes(b"second version " * 100)
+    second = load_data(str(path), cache_dir=cache)
+    assert second.fingerprint != first.fingerprint
+    assert bytes(second.train) + bytes(second.val) == b"second version " * 100
+
+
+def test_fingerprint_is_the_content_not_the_path(tmp_path, cache):
+    for name in ("x", "y"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "a.txt").write_bytes(b"same tokens " * 50)
+    assert load_data(str(tmp_path / "x"), cache).fingerprint == load_data(str(tmp_path / "y"), cache).fingerprint
+
+
+def test_concurrent_builds_of_one_entry_agree_and_leave_no_temporary_files(tmp_path, cache):
+    (tmp_path / "t.txt").write_bytes(bytes(range(256)) * 400)
+    with ThreadPoolExecutor(4) as pool:
+        prints = set(pool.map(lambda _: load_data(str(tmp_path / "t.txt"), cache).fingerprint, range(8)))
+    assert len(prints) == 1
+    assert not list(cache.glob("*.tmp"))
+
+
+# --------------------------------------------------------------------------- .npy
+def test_npy_vocab_is_max_token_plus_one_rounded_up_to_64(tmp_path, cache):
+    tokens = np.arange(1000, dtype=np.int32) % 300
+    np.save(tmp_path / "tokens.npy", tokens)
+    data = load_data(str(tmp_path / "tokens.npy"), cache_dir=cache)
+    assert data.vocab_size == 320 and data.train.dtype == np.int32
+    np.testing.assert_array_equal(data.train, tokens[:950])
+    np.testing.assert_array_equal(data.val, tokens[950:])
+
+
+@pytest.mark.parametrize(
+    ("array", "match"),
+    [
+        (np.zeros((4, 4), dtype=np.int64), r"shape \(4, 4\).*expected a 1-D integer token array"),
+        (np.zeros(8, dtype=np.float32), r"dtype float32.*expected a 1-D integer token array"),
+        (np.array([3, -1, 2]), r"holds a negative token \(-1\)"),
+        (np.zeros(0, dtype=np.int64), r"is empty"),
+    ],
+)
+def test_bad_npy_arrays_are_one_line(tmp_path, cache, array, match):
+    np.save(tmp_path / "bad.npy", array)
+    raises_one_line(match, load_data, str(tmp_path / "bad.npy"), cache_dir=cache)
+
+
+# --------------------------------------------------------------------------- bad inputs
+def test_missing_path_is_one_line(tmp_path, cache):
+    raises_one_line(r"data '.*nowhere.txt' not found: pass 'builtin'", load_data, str(tmp_path / "nowhere.txt"), cache)
+
+
+def test_glob_matching_nothing_is_one_line(tmp_path, cache):
+    raises_one_line(r"data glob '.*\*.txt' matches no files", load_data, str(tmp_path / "*.txt"), cache)
+
+
+def test_empty_text_file_is_one_line(tmp_path, cache):
+    (tmp_path / "empty.txt").write_bytes(b"")
+    raises_one_line(r"data file '.*empty.txt' is empty", load_data, str(tmp_path / "empty.txt"), cache)
+
+
+def test_directory_without_usable_files_is_one_line(tmp_path, cache):
+    (tmp_path / "empty.txt").write_bytes(b"")
+    (tmp_path / "blob").write_bytes(b"\0\1\2")
+    raises_one_line(r"holds no non-empty text files or .bin shards", load_data, str(tmp_path), cache)
+
+
+def test_too_few_tokens_for_one_batch_says_how_many_are_needed(tmp_path, cache):
+    (tmp_path / "small.txt").write_bytes(b"x" * 1000)
+    data = load_data(str(tmp_path / "small.txt"), cache_dir=cache)
+    check_enough_tokens(data, batch_size=2, seq_len=16)
+    message = raises_one_line("training tokens", check_enough_tokens, data, 8, 128)
+    assert message == f"data '{tmp_path / 'small.txt'}' has 950 training tokens; one batch of 8x128 needs 1025"
+    raises_one_line(r"has 50 validation tokens; one batch of 4x16 needs 65", check_enough_tokens, data, 4, 16)
+
+
+# --------------------------------------------------------------------------- batches
+def tokens_1d(n: int = 10_000) -> np.ndarray:
+    return np.random.default_rng(1).integers(0, 256, size=n).astype(np.uint8)
+
+
+def test_same_seed_gives_the_same_batches_and_another_seed_others():
+    tokens = tokens_1d()
+    a, b, c = (BatchSampler(tokens, 4, 32, seed) for seed in (7, 7, 8))
+    batches_a = [a.next() for _ in range(5)]
+    np.random.seed(123)  # the global RNGs play no part
+    torch.manual_seed(123)
+    batches_b = [b.next() for _ in range(5)]
+    for (xa, ya), (xb, yb) in zip(batches_a, batches_b):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    assert not torch.equal(batches_a[0][0], c.next()[0])
+
+
+def test_batches_are_contiguous_windows_with_targets_shifted_by_one():
+    tokens = tokens_1d()
+    x, y = BatchSampler(tokens, 8, 64, seed=0).next()
+    assert x.shape == y.shape == (8, 64) and x.dtype == y.dtype == torch.int64
+    assert torch.equal(x[:, 1:], y[:, :-1])
+    for row_x, row_y in zip(x.numpy(), y.numpy()):
+        starts = [s for s in range(len(tokens) - 64) if tokens[s] == row_x[0]]
+        assert any(np.array_equal(tokens[s : s + 65], np.append(row_x, row_y[-1])) for s in starts)
+
+
+def test_sampler_reaches_the_last_token_and_works_on_shard_views():
+    view = ConcatTokens([np.arange(0, 40, dtype=np.uint16), np.arange(40, 65, dtype=np.uint16)])
+    sampler = BatchSampler(view, batch_size=2, seq_len=32, seed=3)  # 65 tokens: one batch exactly
+    seen = set()
+    for _ in range(50):
+        x, y = sampler.next()
+        assert torch.equal(y, x + 1)
+        seen.update(y[:, -1].tolist())
+    assert 64 in seen
+
+
+def test_validation_batches_are_fixed_ordered_and_non_overlapping():
+    tokens = tokens_1d(5000)
+    first = validation_batches(tokens, batch_size=4, seq_len=100, n_tokens=1900)
+    second = validation_batches(tokens, batch_size=4, seq_len=100, n_tokens=1900)
+    assert len(first) == 4  # 1900 tokens rounded down to whole batches of 400
+    for (xa, ya), (xb, yb) in zip(first, second):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    flat = torch.cat([x.reshape(-1) for x, _ in first]).numpy()
+    np.testing.assert_array_equal(flat, tokens[:1600])
+    assert first[-1][1][-1, -1].item() == tokens[1600]
+
+
+def test_validation_batches_take_at_least_one_batch_and_at_most_the_split():
+    tokens = tokens_1d(1000)
+    assert len(validation_batches(tokens, 2, 100, n_tokens=1)) == 1
+    assert len(validation_batches(tokens, 2, 100, n_tokens=10**9)) == 4  # (1000 - 1) // 200
+    message = raises_one_line("validation split", validation_batches, tokens[:200], 2, 100, 1000)
+    assert message == "the validation split has 200 tokens; one batch of 2x100 needs 201"
+
+
+# --------------------------------------------------------------------------- builtin
+@pytest.fixture(scope="module")
+def builtin_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("nas-cache")
+
+
+@pytest.fixture(scope="module")
+def builtin(builtin_cache) -> TokenData:
+    return load_data("builtin", cache_dir=builtin_cache)
+
+
+def test_builtin_is_byte_level_stdlib_text_of_reasonable_size(builtin):
+    assert builtin.name == "builtin" and builtin.vocab_size == 256
+    assert builtin.train.dtype == np.uint8 and isinstance(builtin.train, np.memmap)
+    assert len(builtin.train) > 3_000_000  # several MB of source and documentation
+    assert len(builtin.val) > 100_000
+    assert b"def " in bytes(builtin.val[:100_000])
+
+
+def test_builtin_excludes_tests_and_splits_train_and_val_by_file(builtin):
+    docs, _ = sources.builtin_documents()
+    assert not any(set(d.rel.split("/")) & {"test", "tests", "idle_test", "site-packages"} for d in docs)
+    train, val = bytes(builtin.train), bytes(builtin.val)
+    val_docs = [d for d in docs if d.split is None and is_validation_file(d.rel)]
+    train_docs = [d for d in docs if d not in val_docs]
+    assert val_docs and train_docs
+    for group, inside, outside in ((val_docs, val, train), (train_docs, train, val)):
+        largest = max((d for d in group if d.rel != sources.TOPICS_REL), key=lambda d: d.stamp[0])
+        text = largest.read()
+        assert text in inside and text not in outside, largest.rel
+
+
+def test_builtin_second_load_hits_the_cache_from_nas_cache(builtin, builtin_cache, monkeypatch):
+    monkeypatch.setenv("NAS_CACHE", str(builtin_cache))
+    monkeypatch.setattr(sources, "_build_text_cache", lambda *a: pytest.fail("builtin corpus rebuilt"))
+    again = load_data()
+    assert again.fingerprint == builtin.fingerprint and len(again.train) == len(builtin.train)
+
+
+def test_unwritable_cache_is_one_line(tmp_path, cache, monkeypatch):
+    (tmp_path / "t.txt").write_bytes(b"some text " * 20)
+
+    def refuse(dest, write, mode="wb"):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(sources, "atomic_write", refuse)
+    raises_one_line(r"cannot write the data cache .*set NAS_CACHE", load_data, str(tmp_path / "t.txt"), cache)
+
+
+def test_cache_root_follows_nas_cache_then_xdg(tmp_path, monkeypatch):
+    monkeypatch.setenv("NAS_CACHE", str(tmp_path / "a"))
+    assert cache_root() == tmp_path / "a" and (tmp_path / "a").is_dir()
+    monkeypatch.delenv("NAS_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_root() == tmp_path / "xdg" / "prism-nas"
+    assert cache_root(tmp_path / "explicit") == tmp_path / "explicit"
+    assert os.path.isdir(tmp_path / "explicit")
