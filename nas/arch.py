@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from nas.errors import UsageError
 
@@ -39,6 +39,22 @@ def llama_ffn_hidden(d_model: int, multiple_of: int = 256) -> int:
     while step > 8 and step * 8 > raw:
         step //= 2
     return step * math.ceil(raw / step)
+
+
+def plateaus(heads: Sequence[int]) -> list[tuple[int, int]]:
+    """Maximal runs of equal head count as ``(heads, length)``: ``3,3,6,6,12*8 -> [(3,2),(6,2),(12,8)]``."""
+    runs: list[tuple[int, int]] = []
+    for h in heads:
+        if runs and runs[-1][0] == h:
+            runs[-1] = (h, runs[-1][1] + 1)
+        else:
+            runs.append((h, 1))
+    return runs
+
+
+def format_plateaus(heads: Sequence[int]) -> str:
+    """``"3x2,6x2,12x8"``: head count x layers, plateau by plateau."""
+    return ",".join(f"{h}x{n}" for h, n in plateaus(heads))
 
 
 @dataclass(frozen=True)
@@ -136,6 +152,10 @@ class ArchConfig:
             f"L{self.n_layers}-d{self.d_model}-h[{heads}]-K{self.ffn.k}x{self.ffn.hidden}"
             f"-V{self.vocab_size}-{tie}-rope{self.rope_theta:g}-eps{self.norm_eps:g}"
         )
+
+    def label(self) -> str:
+        """Short human description for progress lines and tables: ``h=3x2,6x2,12x8 K1x256 d96 L12``."""
+        return f"h={format_plateaus(self.heads)} K{self.ffn.k}x{self.ffn.hidden} d{self.d_model} L{self.n_layers}"
 
     def summary(self) -> dict[str, Any]:
         """Flat description for tables and Optuna user attrs (the report's axes included)."""

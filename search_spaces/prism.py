@@ -28,28 +28,14 @@ from functools import cached_property
 from itertools import combinations
 from typing import TYPE_CHECKING, Any
 
-from nas.arch import ArchConfig, FFNShape, divisors_up_to, llama_ffn_hidden
+from nas.arch import ArchConfig, FFNShape, divisors_up_to, format_plateaus, llama_ffn_hidden, plateaus
 from nas.errors import UsageError
 from search_spaces.base import SearchSpace, check_heads, check_positive
 
 if TYPE_CHECKING:
     from optuna.trial import BaseTrial
 
-
-def plateaus(heads: Sequence[int]) -> list[tuple[int, int]]:
-    """Maximal runs of equal head count as ``(heads, length)``: ``3,3,6,6,12*8 -> [(3,2),(6,2),(12,8)]``."""
-    runs: list[tuple[int, int]] = []
-    for h in heads:
-        if runs and runs[-1][0] == h:
-            runs[-1] = (h, runs[-1][1] + 1)
-        else:
-            runs.append((h, 1))
-    return runs
-
-
-def format_plateaus(heads: Sequence[int]) -> str:
-    """``"3x2,6x2,12x8"``: head count x layers, plateau by plateau."""
-    return ",".join(f"{h}x{n}" for h, n in plateaus(heads))
+__all__ = ["PrismSpace", "format_plateaus", "parse_schedule", "plateaus"]
 
 
 def parse_schedule(text: str) -> tuple[int, ...]:

@@ -1,0 +1,84 @@
+"""How a trial is written to and read from Optuna storage: its user attrs and the counting rules.
+
+Everything a person needs later lives in the trial's ``user_attrs`` (readable in
+optuna-dashboard): the shape (``arch``, ``heads``, ``k``, ``d_h``, ratios), the seed, the
+role (baseline, member, replicate, sampled), and after training the ``TrialResult``
+(``val_loss``, curves, tokens/s, attention distances, ``status`` and ``reason``).
+
+A trial *counts* towards ``--trials`` when it trained a shape to a conclusion: complete,
+pruned, or failed with a result (diverged, out of memory). Duplicates (answered from an
+earlier trial) and trials that were interrupted, killed or crashed do not count; the last
+two are re-queued.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from nas.arch import ArchConfig
+from runners.result import TrialResult
+
+RESULT_FAILURES = ("diverged", "oom")  # failed *results*: the shape was trained and is bad
+
+
+def shape_attrs(arch: ArchConfig, seed: int, role: str) -> dict[str, Any]:
+    """Attrs set before training: what is trained, with which seed, and why."""
+    return {"key": arch.key(), "seed": seed, "role": role, "arch": arch.to_dict(), **arch.summary()}
+
+
+def result_attrs(result: TrialResult) -> dict[str, Any]:
+    data = result.to_dict()
+    data["params_breakdown"] = data.pop("params")
+    for name in ("val_loss", "val_ppl"):
+        if not math.isfinite(data[name]):
+            data[name] = None  # JSON has no NaN/inf
+    data["eval_curve"] = [[t, v if math.isfinite(v) else None] for t, v in data["eval_curve"]]
+    data["train_curve"] = [[t, v if math.isfinite(v) else None] for t, v in data["train_curve"]]
+    return data
+
+
+def set_attrs(trial: optuna.Trial, attrs: dict[str, Any]) -> None:
+    for name, value in attrs.items():
+        trial.set_user_attr(name, value)
+
+
+def is_duplicate(trial: FrozenTrial) -> bool:
+    return "duplicate_of" in trial.user_attrs
+
+
+def counts(trial: FrozenTrial) -> bool:
+    """Did this trial train a shape to a conclusion (see module docstring)?"""
+    if is_duplicate(trial) or trial.user_attrs.get("surplus"):
+        return False
+    if trial.state in (TrialState.COMPLETE, TrialState.PRUNED):
+        return True
+    return trial.state == TrialState.FAIL and trial.user_attrs.get("status") in RESULT_FAILURES
+
+
+def in_flight(trial: FrozenTrial) -> bool:
+    """Running, not a duplicate, not surplus: it will probably count when it ends."""
+    return (trial.state == TrialState.RUNNING and not is_duplicate(trial)
+            and not trial.user_attrs.get("surplus") and "key" in trial.user_attrs)
+
+
+def key_seed(trial: FrozenTrial) -> tuple[str, int] | None:
+    if "key" not in trial.user_attrs:
+        return None
+    return trial.user_attrs["key"], int(trial.user_attrs.get("seed", 0))
+
+
+def arch_of(trial: FrozenTrial) -> ArchConfig | None:
+    data = trial.user_attrs.get("arch")
+    return ArchConfig.from_dict(data) if data else None
+
+
+def loss_of(trial: FrozenTrial) -> float:
+    """The trial's validation loss; inf for failed results and trials without one."""
+    value = trial.user_attrs.get("val_loss")
+    if trial.state == TrialState.COMPLETE and trial.values:
+        value = trial.values[0]
+    return float(value) if value is not None and trial.state != TrialState.FAIL else math.inf

@@ -1,0 +1,83 @@
+"""Optuna storage from a SQLAlchemy URL: SQLite by default, PostgreSQL (or any RDB) for many machines.
+
+SQLite serves several local worker processes without "database is locked" because the
+file is switched to write-ahead logging (readers never block the writer; the mode is
+persistent in the file) and every connection waits up to ``SQLITE_BUSY_TIMEOUT_S`` for
+the write lock instead of failing after Python's default 5 s.
+
+Heartbeats: each running trial records a heartbeat every ``heartbeat_interval`` seconds;
+a trial whose heartbeat is older than ``grace_period`` (its worker was killed) is failed
+by the next worker and re-queued with the same shape and seed (Optuna's
+``RetryHeartbeatStaleTrialCallback``).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import warnings
+from pathlib import Path
+
+import optuna
+import sqlalchemy
+from sqlalchemy.engine import make_url
+
+from nas.errors import UsageError
+
+DEFAULT_STORAGE = "sqlite:///nas.db"
+SQLITE_BUSY_TIMEOUT_S = 600
+MAX_RETRIES = 3  # a shape whose worker dies this many times is left failed
+
+
+def parse_url(url: str) -> sqlalchemy.URL:
+    """Validate a storage URL; one-line error naming it and what would be valid."""
+    try:
+        parsed = make_url(url)
+    except Exception:  # noqa: BLE001 - sqlalchemy raises ArgumentError, ValueError...
+        raise UsageError(f"storage URL {url!r} is malformed: use e.g. sqlite:///nas.db or "
+                         "postgresql://user:password@host:5432/db") from None
+    if parsed.get_backend_name() == "sqlite" and not parsed.database:
+        raise UsageError(f"storage URL {url!r} names no file: use e.g. sqlite:///nas.db (in-memory SQLite "
+                         "cannot be shared between workers)")
+    return parsed
+
+
+def _prepare_sqlite(path: str) -> None:
+    """Create the file's folder and switch it to WAL journaling (a persistent property of the file)."""
+    file = Path(path)
+    if file.parent and not file.parent.exists():
+        raise UsageError(f"storage folder {str(file.parent)!r} does not exist")
+    with sqlite3.connect(file, timeout=SQLITE_BUSY_TIMEOUT_S) as connection:
+        connection.execute("PRAGMA journal_mode=WAL")
+
+
+def make_storage(url: str = DEFAULT_STORAGE, heartbeat_interval: int = 10,
+                 grace_period: int | None = None) -> optuna.storages.RDBStorage:
+    """An ``RDBStorage`` with heartbeats and stale-trial retry, tuned for concurrent workers."""
+    parsed = parse_url(url)
+    engine_kwargs: dict = {}
+    if parsed.get_backend_name() == "sqlite":
+        _prepare_sqlite(parsed.database)
+        engine_kwargs["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_S}
+    else:
+        engine_kwargs["pool_pre_ping"] = True
+    try:
+        with warnings.catch_warnings():  # heartbeats and retries are "experimental" since Optuna 2.8; we rely on them
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return _rdb_storage(url, engine_kwargs, heartbeat_interval, grace_period)
+    except ModuleNotFoundError as error:
+        raise UsageError(f"storage URL {url!r} needs the Python package {error.name!r}: "
+                         "pip install 'prism-nas[postgres]' for PostgreSQL") from None
+    except sqlalchemy.exc.OperationalError as error:
+        first = str(error.orig).strip().splitlines()[0] if error.orig else str(error).splitlines()[0]
+        raise UsageError(f"cannot open storage {url!r}: {first}") from None
+
+
+def _rdb_storage(url: str, engine_kwargs: dict, heartbeat_interval: int,
+                 grace_period: int | None) -> optuna.storages.RDBStorage:
+    return optuna.storages.RDBStorage(
+        url,
+        engine_kwargs=engine_kwargs,
+        heartbeat_interval=heartbeat_interval,
+        grace_period=grace_period or 3 * heartbeat_interval,
+        heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRIES),
+    )

@@ -1,0 +1,515 @@
+"""The Optuna study behind ``nas search``: setup, the worker loop, and what each trial trains.
+
+A worker repeats: fail stale trials (killed workers), stop when the study holds ``trials``
+counted trials, otherwise choose the next piece of work and train it:
+
+1. waiting trials first (the baseline, enqueued as trial 0; re-queued killed/interrupted trials);
+2. a space with no more members than ``trials`` is walked exhaustively, in its order;
+   once every member is trained, seed replicates of the best shapes and the baseline;
+3. otherwise the sampler (TPE by default) proposes a shape.
+
+No shape is trained twice with the same seed: a trial whose (shape, seed) was already
+trained is answered from the stored result and marked ``duplicate_of`` (it does not
+count); one that is being trained by a lower-numbered trial waits for it. Workers on any
+number of machines share one study through the storage (Optuna's own model).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import multiprocessing
+import time
+import warnings
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from nas.arch import ArchConfig
+from nas.data import TokenData, load_data
+from nas.errors import UsageError
+from nas.heartbeat import Heartbeat
+from nas.records import (arch_of, counts, in_flight, is_duplicate, key_seed, loss_of, result_attrs, set_attrs,
+                         shape_attrs)
+from nas.storage import DEFAULT_STORAGE, make_storage
+from runners.config import TrainConfig
+from runners.device import available_cores
+from runners.presets import DEFAULT_PRESET, get_preset
+from runners.proxy import run as run_proxy
+from search_spaces.base import SearchSpace
+from search_spaces.factory import SpaceOptions, build_space
+
+SAMPLERS = ("tpe", "random", "grid", "gp", "nsga2")
+PRUNERS = ("median", "hyperband", "none")
+OBJECTIVES = {"loss": "minimize", "params": "minimize", "tokens_per_s": "maximize"}
+POLL_S = 0.5  # how often a waiting worker looks at the storage again
+MAX_DUPLICATE_STREAK = 10  # after this many duplicates in a row, one random proposal breaks the loop
+MAX_ERROR_STREAK = 3  # trials in a row crashing with an error (not a result) stop the worker
+
+
+class SearchAborted(RuntimeError):
+    """The worker cannot go on (e.g. every trial crashes); the message says why."""
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """Everything ``nas search`` was asked for."""
+
+    space: SpaceOptions = field(default_factory=SpaceOptions)
+    preset: str = DEFAULT_PRESET
+    train_overrides: tuple[tuple[str, Any], ...] = ()  # (TrainConfig field, value) given on the command line
+    data: str = "builtin"
+    storage: str = DEFAULT_STORAGE
+    study_name: str | None = None
+    trials: int = 200
+    sampler: str | None = None  # None: tpe (single objective) or nsga2 (several)
+    pruner: str = "median"
+    objectives: tuple[str, ...] = ("loss",)
+    workers: int = 1
+    replicate_top: int = 4  # shapes besides the baseline that get seed replicates after an exhaustive walk
+    heartbeat_interval: int = 10
+    cache_dir: str | None = None
+
+    def validate(self) -> None:
+        if self.trials < 1:
+            raise UsageError(f"--trials {self.trials} is invalid: give at least 1")
+        if self.workers < 1:
+            raise UsageError(f"--workers {self.workers} is invalid: give at least 1")
+        if self.sampler is not None and self.sampler not in SAMPLERS:
+            raise UsageError(f"unknown sampler {self.sampler!r}; choose {', '.join(SAMPLERS)}")
+        if self.pruner not in PRUNERS:
+            raise UsageError(f"unknown pruner {self.pruner!r}; choose {', '.join(PRUNERS)}")
+        bad = [o for o in self.objectives if o not in OBJECTIVES]
+        if bad or not self.objectives or len(set(self.objectives)) != len(self.objectives) or self.objectives[0] != "loss":
+            raise UsageError(f"--objectives {','.join(self.objectives)!r} is invalid: use loss, loss,params or "
+                             "loss,tokens_per_s")
+        if self.heartbeat_interval < 1:
+            raise UsageError(f"--heartbeat {self.heartbeat_interval} is invalid: give at least 1 second")
+
+
+@dataclass
+class Search:
+    """One process's view of the study: the loaded data, the space, the training setup."""
+
+    config: SearchConfig
+    study: optuna.Study
+    space: SearchSpace
+    train: TrainConfig
+    data: TokenData
+    exhaustive: bool
+    worker: int = 0
+
+    @property
+    def baseline(self) -> ArchConfig:
+        return self.space.baseline()
+
+    @property
+    def multi_objective(self) -> bool:
+        return len(self.config.objectives) > 1
+
+
+@dataclass
+class TrialEvent:
+    """What the progress display hears after each trial."""
+
+    number: int
+    role: str
+    arch: ArchConfig
+    seed: int
+    state: str  # complete | pruned | duplicate | diverged | oom | error | interrupted | surplus
+    value: float | None
+    wall_time_s: float
+    counted: int
+    target: int
+    best: tuple[int, float] | None  # (trial number, loss)
+    baseline: float | None
+    reason: str | None = None
+
+
+# ----------------------------------------------------------------- setup
+def train_config(config: SearchConfig) -> TrainConfig:
+    train = get_preset(config.preset).train
+    overrides = dict(config.train_overrides)
+    if config.workers > 1 and not overrides.get("threads"):
+        overrides["threads"] = max(1, available_cores() // config.workers)
+    return train.with_(**overrides) if overrides else train
+
+
+def identity(config: SearchConfig, space: SearchSpace, train: TrainConfig, data: TokenData) -> dict[str, Any]:
+    """What defines a study: two commands with the same identity continue one study."""
+    train_part = {k: v for k, v in train.to_dict().items() if k not in ("threads", "device", "compile")}
+    ident = {"space": space.describe(), "train": train_part, "data": data.fingerprint,
+             "objectives": list(config.objectives)}
+    return json.loads(json.dumps(ident, sort_keys=True, default=str))
+
+
+def default_study_name(config: SearchConfig, ident: dict[str, Any]) -> str:
+    """``<space>-<preset>``, plus a short hash when shape, training or data differ from the preset's defaults."""
+    default = SearchConfig(space=SpaceOptions(space=config.space.space), preset=config.preset,
+                           objectives=config.objectives)
+    name = f"{config.space.space}-{config.preset}"
+    if config.space != default.space or config.train_overrides or config.data != "builtin" \
+            or config.objectives != ("loss",):
+        digest = hashlib.sha1(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:6]
+        name += f"-{digest}"
+    return name
+
+
+def make_sampler(config: SearchConfig, seed: int) -> optuna.samplers.BaseSampler:
+    name = config.sampler or ("tpe" if len(config.objectives) == 1 else "nsga2")
+    if name == "tpe":
+        return optuna.samplers.TPESampler(multivariate=True, group=True, constant_liar=True, seed=seed,
+                                          n_startup_trials=10)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "grid":
+        return optuna.samplers.BruteForceSampler(seed=seed)
+    if name == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed)
+    if len(config.objectives) > 1:
+        raise UsageError("--sampler gp takes a single objective; use nsga2 or tpe for several")
+    return optuna.samplers.GPSampler(seed=seed)
+
+
+def make_pruner(config: SearchConfig, train: TrainConfig) -> optuna.pruners.BasePruner:
+    if config.pruner == "none" or len(config.objectives) > 1:  # Optuna prunes single-objective studies only
+        return optuna.pruners.NopPruner()
+    if config.pruner == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=0)
+    return optuna.pruners.HyperbandPruner(min_resource=train.eval_every, max_resource=train.tokens,
+                                          reduction_factor=3)
+
+
+def _quiet_optuna() -> None:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    # our ask/tell loop runs its own heartbeat thread (nas.heartbeat), which Optuna cannot see
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+
+
+def open_search(config: SearchConfig, worker: int = 0, create: bool = True) -> Search:
+    """Load data, build the space, create or load the study (checking it was made with the same options)."""
+    config.validate()
+    _quiet_optuna()
+    preset = get_preset(config.preset)
+    train = train_config(config)
+    data = load_data(config.data, cache_dir=config.cache_dir)
+    space = build_space(config.space, defaults=preset.baseline.replace(vocab_size=data.vocab_size))
+    ident = identity(config, space, train, data)
+    name = config.study_name or default_study_name(config, ident)
+    config = replace(config, study_name=name)
+    storage = make_storage(config.storage, heartbeat_interval=config.heartbeat_interval)
+    directions = [OBJECTIVES[o] for o in config.objectives]
+    sampler = make_sampler(config, seed=train.seed + 1000 * worker)
+    pruner = make_pruner(config, train)
+    created = False
+    if create:
+        try:
+            study = optuna.create_study(storage=storage, study_name=name, directions=directions,
+                                        sampler=sampler, pruner=pruner)
+            created = True
+        except optuna.exceptions.DuplicatedStudyError:
+            pass
+    if not created:
+        study = optuna.load_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner)
+    search = Search(config, study, space, train, data, exhaustive=space.count() <= config.trials, worker=worker)
+    if created:
+        baseline = search.baseline
+        study.enqueue_trial(space.params_of(baseline), user_attrs={"key": baseline.key(), "seed": train.seed,
+                                                                   "role": "baseline"})
+        study.set_user_attr("nas:identity", ident)
+        study.set_user_attr("nas:baseline_key", baseline.key())
+        study.set_user_attr("nas:preset", config.preset)
+    else:
+        _check_identity(study, ident, config)
+    return search
+
+
+def _check_identity(study: optuna.Study, ident: dict[str, Any], config: SearchConfig) -> None:
+    deadline = time.monotonic() + 60
+    while "nas:identity" not in study.user_attrs:  # another worker is creating it right now
+        if time.monotonic() > deadline:
+            raise UsageError(f"study {config.study_name!r} exists but was not made by nas search; "
+                             "choose another --study-name")
+        time.sleep(POLL_S)
+    stored = study.user_attrs["nas:identity"]
+    if stored != ident:
+        differ = sorted(k for k in set(stored) | set(ident) if stored.get(k) != ident.get(k))
+        raise UsageError(f"study {config.study_name!r} in {config.storage} was created with other "
+                         f"{', '.join(differ)} settings; re-run with those or choose a new --study-name")
+
+
+# ----------------------------------------------------------------- choosing the next trial
+@dataclass(frozen=True)
+class Plan:
+    params: dict[str, Any]
+    user_attrs: dict[str, Any]
+
+
+def _visited(trials: list[FrozenTrial]) -> set[tuple[str, int]]:
+    """(shape key, seed) trained, being trained, or queued."""
+    seen = set()
+    for t in trials:
+        ks = key_seed(t)
+        if ks and (counts(t) or in_flight(t) or t.state == TrialState.WAITING):
+            seen.add(ks)
+    return seen
+
+
+def plan_next(search: Search, trials: list[FrozenTrial]) -> Plan | None:
+    """The next exhaustive member or replicate to enqueue; None lets the sampler propose."""
+    if not search.exhaustive:
+        return None
+    seed = search.train.seed
+    visited = _visited(trials)
+    for arch in search.space:
+        if (arch.key(), seed) not in visited:
+            return Plan(search.space.params_of(arch), {"key": arch.key(), "seed": seed, "role": "member"})
+    return plan_replicate(search, trials, visited)
+
+
+def plan_replicate(search: Search, trials: list[FrozenTrial], visited: set[tuple[str, int]]) -> Plan:
+    """A new seed for the least-replicated of: the baseline and the ``replicate_top`` best shapes (mean loss)."""
+    losses: dict[str, list[float]] = defaultdict(list)
+    archs: dict[str, ArchConfig] = {}
+    for t in trials:
+        if counts(t) and t.state == TrialState.COMPLETE:
+            losses[t.user_attrs["key"]].append(loss_of(t))
+            archs.setdefault(t.user_attrs["key"], arch_of(t))
+    ranked = sorted(losses, key=lambda k: sum(losses[k]) / len(losses[k]))
+    baseline = search.baseline
+    candidates = [baseline.key()] + [k for k in ranked if k != baseline.key()][: search.config.replicate_top]
+    archs.setdefault(baseline.key(), baseline)
+    seeds = {k: {s for key, s in visited if key == k} for k in candidates}
+    key = min(candidates, key=lambda k: (len(seeds[k]), candidates.index(k)))
+    seed = next(s for s in range(search.train.seed, search.train.seed + 10**6) if s not in seeds[key])
+    return Plan(search.space.params_of(archs[key]), {"key": key, "seed": seed, "role": "replicate"})
+
+
+# ----------------------------------------------------------------- one trial
+def _find_original(search: Search, key: str, seed: int, number: int, heartbeat: Heartbeat) -> FrozenTrial | None:
+    """An earlier trial of the same (shape, seed) that counts; waits while a lower-numbered one is running."""
+    while True:
+        same = [t for t in search.study.get_trials(deepcopy=False)
+                if t.number != number and key_seed(t) == (key, seed) and not is_duplicate(t)]
+        done = [t for t in same if counts(t)]
+        if done:
+            return min(done, key=lambda t: t.number)
+        if not any(in_flight(t) and t.number < number for t in same):
+            return None
+        _fail_stale(search.study)
+        time.sleep(POLL_S)
+
+
+def _fail_stale(study: optuna.Study) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
+
+
+def _values(search: Search, arch: ArchConfig, loss: float, tokens_per_s: float) -> list[float]:
+    pick = {"loss": loss, "params": float(arch.n_params()["total"]), "tokens_per_s": tokens_per_s}
+    return [pick[o] for o in search.config.objectives]
+
+
+def _answer_duplicate(search: Search, trial: optuna.Trial, original: FrozenTrial) -> str:
+    trial.set_user_attr("duplicate_of", original.number)
+    for name in ("val_loss", "status", "reason", "tokens_per_s"):
+        if name in original.user_attrs:
+            trial.set_user_attr(name, original.user_attrs[name])
+    if original.state == TrialState.COMPLETE:
+        search.study.tell(trial, original.values)
+    elif original.state == TrialState.PRUNED:
+        if original.intermediate_values and not search.multi_objective:
+            step = max(original.intermediate_values)
+            trial.report(original.intermediate_values[step], step)
+        search.study.tell(trial, state=TrialState.PRUNED)
+    else:
+        search.study.tell(trial, state=TrialState.FAIL)
+    return "duplicate"
+
+
+def _train(search: Search, trial: optuna.Trial, arch: ArchConfig, seed: int, role: str) -> tuple[str, float | None]:
+    may_prune = not search.multi_objective and role not in ("baseline", "replicate")
+
+    def report(tokens: int, loss: float) -> bool:
+        if search.multi_objective:
+            return False
+        trial.report(loss, step=tokens)
+        return may_prune and trial.should_prune()
+
+    result = run_proxy(arch, search.train.with_(seed=seed), search.data, report)
+    set_attrs(trial, result_attrs(result))
+    if result.status == "ok":
+        values = _values(search, arch, result.val_loss, result.tokens_per_s)
+        search.study.tell(trial, values)
+        return "complete", result.val_loss
+    if result.status == "pruned":
+        search.study.tell(trial, state=TrialState.PRUNED)
+        return "pruned", result.val_loss
+    search.study.tell(trial, state=TrialState.FAIL)
+    return result.status, None
+
+
+def _requeue(study: optuna.Study, number: int) -> None:
+    """Put an interrupted trial's shape and seed back in the queue (same mechanism as for stale trials)."""
+    frozen = study.get_trials(deepcopy=False)[number]
+    attrs = {k: frozen.user_attrs[k] for k in ("key", "seed", "role") if k in frozen.user_attrs}
+    optuna.storages.RetryHeartbeatStaleTrialCallback()(study, replace_user_attrs(frozen, attrs))
+
+
+def replace_user_attrs(trial: FrozenTrial, user_attrs: dict[str, Any]) -> FrozenTrial:
+    copy = optuna.trial.create_trial(state=TrialState.FAIL, params=trial.params, distributions=trial.distributions,
+                                     user_attrs=user_attrs, system_attrs=trial.system_attrs)
+    copy.number = trial.number
+    return copy
+
+
+def run_trial(search: Search, trial: optuna.Trial, heartbeat: Heartbeat) -> tuple[str, ArchConfig, int, str, float | None]:
+    """Suggest (or read the enqueued) shape, de-duplicate, train, tell. Returns (state, arch, seed, role, loss)."""
+    arch = search.space.suggest(trial)
+    seed = int(trial.user_attrs.get("seed", search.train.seed))
+    role = trial.user_attrs.get("role", "sampled")
+    set_attrs(trial, shape_attrs(arch, seed, role))
+    original = _find_original(search, arch.key(), seed, trial.number, heartbeat)
+    if original is not None:
+        return _answer_duplicate(search, trial, original), arch, seed, role, loss_of(original)
+    state, loss = _train(search, trial, arch, seed, role)
+    return state, arch, seed, role, loss
+
+
+# ----------------------------------------------------------------- the worker loop
+def summary(search: Search, trials: list[FrozenTrial]) -> tuple[int, tuple[int, float] | None, float | None]:
+    """(counted trials, best (number, loss) among completed, mean baseline loss)."""
+    counted = [t for t in trials if counts(t)]
+    complete = [t for t in counted if t.state == TrialState.COMPLETE]
+    best = min(((t.number, loss_of(t)) for t in complete), key=lambda p: p[1], default=None)
+    base_key = search.baseline.key()
+    base = [loss_of(t) for t in complete if t.user_attrs.get("key") == base_key]
+    return len(counted), best, (sum(base) / len(base) if base else None)
+
+
+def run_worker(search: Search, on_event: Callable[[TrialEvent], None] | None = None) -> int:
+    """Train trials until the study holds ``trials`` counted ones; returns how many this worker trained."""
+    study, target = search.study, search.config.trials
+    trained = duplicate_streak = error_streak = 0
+    while True:
+        _fail_stale(study)
+        trials = study.get_trials(deepcopy=False)
+        counted = sum(counts(t) for t in trials)
+        if counted >= target:
+            return trained
+        if counted + sum(in_flight(t) for t in trials) >= target:
+            time.sleep(POLL_S)  # the rest is running elsewhere; stay in case one of them fails
+            continue
+        plan = plan_next(search, trials)
+        if plan is not None:
+            study.enqueue_trial(plan.params, user_attrs=plan.user_attrs)
+        sampler = study.sampler
+        if plan is None and duplicate_streak >= MAX_DUPLICATE_STREAK:
+            study.sampler = optuna.samplers.RandomSampler(seed=search.train.seed + len(trials))
+        try:
+            trial = study.ask()
+        finally:
+            study.sampler = sampler
+        started = time.perf_counter()
+        state, loss, reason = "error", None, None
+        arch, seed, role = search.baseline, search.train.seed, "sampled"
+        with Heartbeat(study, trial._trial_id) as heartbeat:
+            try:
+                if _is_surplus(study, trial.number, target):
+                    trial.set_user_attr("surplus", True)
+                    study.tell(trial, state=TrialState.FAIL)
+                    return trained
+                state, arch, seed, role, loss = run_trial(search, trial, heartbeat)
+            except KeyboardInterrupt:
+                trial.set_user_attr("status", "interrupted")
+                trial.set_user_attr("reason", "interrupted by the user (Ctrl-C); re-queued")
+                study.tell(trial, state=TrialState.FAIL)
+                if "key" in trial.user_attrs:
+                    _requeue(study, trial.number)
+                raise
+            except UsageError:
+                study.tell(trial, state=TrialState.FAIL)
+                raise
+            except Exception as error:  # noqa: BLE001 - recorded, and the study goes on
+                reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:500]
+                trial.set_user_attr("status", "error")
+                trial.set_user_attr("reason", reason)
+                study.tell(trial, state=TrialState.FAIL)
+        trained += state not in ("duplicate", "error")
+        duplicate_streak = duplicate_streak + 1 if state == "duplicate" else 0
+        error_streak = error_streak + 1 if state == "error" else 0
+        if on_event is not None:
+            trials = study.get_trials(deepcopy=False)
+            n, best, base = summary(search, trials)
+            reason = reason or (trials[trial.number].user_attrs.get("reason") if state != "complete" else None)
+            on_event(TrialEvent(trial.number, role, arch, seed, state, loss, time.perf_counter() - started,
+                                n, target, best, base, reason))
+        if error_streak >= MAX_ERROR_STREAK:
+            raise SearchAborted(f"{MAX_ERROR_STREAK} trials in a row failed with an error; last: {reason}")
+
+
+def _is_surplus(study: optuna.Study, number: int, target: int) -> bool:
+    """Two workers raced for the last slot: the higher-numbered trial stands down."""
+    trials = study.get_trials(deepcopy=False)
+    ahead = sum(1 for t in trials if t.number < number and (counts(t) or in_flight(t)))
+    return ahead >= target
+
+
+# ----------------------------------------------------------------- several workers
+def _worker_main(config: SearchConfig, worker: int, queue: Any) -> None:
+    try:
+        search = open_search(config, worker=worker, create=False)
+        run_worker(search, lambda event: queue.put(("event", worker, event)))
+        queue.put(("done", worker, None))
+    except KeyboardInterrupt:
+        queue.put(("interrupted", worker, None))
+    except (UsageError, SearchAborted) as error:
+        queue.put(("error", worker, str(error)))
+
+
+def run_search(config: SearchConfig, on_event: Callable[[TrialEvent], None] | None = None,
+               on_start: Callable[[Search], None] | None = None) -> Search:
+    """Open (or resume) the study and run ``config.workers`` workers until it holds ``trials`` counted trials."""
+    search = open_search(config)
+    if on_start is not None:
+        on_start(search)
+    if config.workers == 1:
+        run_worker(search, on_event)
+        return search
+    config = search.config  # carries the resolved study name
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    processes = [context.Process(target=_worker_main, args=(config, w, queue), daemon=False)
+                 for w in range(config.workers)]
+    for p in processes:
+        p.start()
+    errors, running = [], len(processes)
+    try:
+        while running:
+            kind, worker, payload = queue.get()
+            if kind == "event" and on_event is not None:
+                on_event(payload)
+            elif kind in ("done", "interrupted", "error"):
+                running -= 1
+                if kind == "error":
+                    errors.append(f"worker {worker}: {payload}")
+    finally:
+        for p in processes:
+            p.join()
+    if errors:
+        raise SearchAborted("; ".join(errors))
+    return search
+
+
+def trials_done(study: optuna.Study) -> int:
+    return sum(counts(t) for t in study.get_trials(deepcopy=False))
+
+
+def finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)

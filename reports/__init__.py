@@ -1,0 +1,1 @@
+"""Turn a study (or its DataFrame) into tables, figures and one HTML page."""

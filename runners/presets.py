@@ -1,0 +1,59 @@
+"""Named proxy and target setups: a baseline shape (what the search space is built around) plus a ``TrainConfig``.
+
+``cpu`` (the default) is sized so that ``nas search --space prism --trials 200`` fits in
+about 30 minutes on 2 CPU cores: GPT-2 small's *structure* (12 layers, 12 baseline heads,
+hence the Prism paper's 129-schedule space) at width 96 (the largest width below 192 that
+keeps every head count 1, 2, 3, 4, 6, 8, 12 a divisor), byte-level vocabulary, context 128,
+32k training tokens per trial. Measured on the 2-core CPU (see README, "Choosing the proxy"):
+validation loss falls from ln 256 = 5.55 to about 3.2-3.3 nats/byte per trial. ``cpu-long``
+trains 8x longer for rankings that must resolve finer differences. The ``gpt2-*``,
+``prism-757m`` and ``hourglass-113m`` presets are the papers' real scales, for GPUs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nas.arch import ArchConfig, FFNShape, uniform
+from nas.errors import UsageError
+from runners.config import TrainConfig
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    description: str
+    baseline: ArchConfig  # the uniform-head, conventional-FFN shape the spaces are built around
+    train: TrainConfig
+
+
+_CPU_TRAIN = TrainConfig(tokens=32_768, batch_size=4, seq_len=128, lr=1e-2, warmup_frac=0.05,
+                         eval_every=8_192, eval_tokens=4_096, attention_batches=1)
+_GPU_TRAIN = TrainConfig(batch_size=32, seq_len=1024, lr=6e-4, warmup_frac=0.02, eval_every=5_242_880,
+                         eval_tokens=1_048_576, attention_batches=2, device="cuda", dtype="bf16", weight_decay=0.1)
+
+PRESETS: dict[str, Preset] = {p.name: p for p in (
+    Preset("cpu", "GPT-2 small structure (12 layers x 12 heads) at width 96, bytes, 32k tokens/trial: "
+           "~200 trials in 30 min on 2 cores",
+           uniform(12, 96, 12, 256), _CPU_TRAIN),
+    Preset("cpu-long", "the cpu shape trained 8x longer (256k tokens/trial) for finer rankings",
+           uniform(12, 96, 12, 256), _CPU_TRAIN.with_(tokens=262_144, eval_every=65_536, lr=6e-3)),
+    Preset("tiny", "4 layers x 4 heads at width 32, 4k tokens: seconds per trial, for tests and smoke runs",
+           uniform(4, 32, 4, 256), TrainConfig(tokens=4_096, batch_size=4, seq_len=32, lr=1e-2,
+                                               eval_every=1_024, eval_tokens=512, attention_batches=1)),
+    Preset("gpt2-124m", "GPT-2 small (L12 d768 h12, V50304 tied, SwiGLU 2048), 1B tokens, context 1024",
+           uniform(12, 768, 12, 50304, FFNShape(1, 2048)), _GPU_TRAIN.with_(tokens=1_000_000_000)),
+    Preset("gpt2-354m", "GPT-2 medium (L24 d1024 h16, SwiGLU 2816), 3B tokens",
+           uniform(24, 1024, 16, 50304, FFNShape(1, 2816)), _GPU_TRAIN.with_(tokens=3_000_000_000, lr=3e-4)),
+    Preset("prism-757m", "GPT-2 large-like (L36 d1280 h20, SwiGLU 3456), 6B tokens",
+           uniform(36, 1280, 20, 50304, FFNShape(1, 3456)), _GPU_TRAIN.with_(tokens=6_000_000_000, lr=2.5e-4)),
+    Preset("hourglass-113m", "LLaMA-style 113M (L12 d768 h12, V32000 tied, SwiGLU 2176), 2B tokens",
+           uniform(12, 768, 12, 32000, FFNShape(1, 2176)), _GPU_TRAIN.with_(tokens=2_000_000_000)),
+)}
+DEFAULT_PRESET = "cpu"
+
+
+def get_preset(name: str) -> Preset:
+    if name not in PRESETS:
+        raise UsageError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+    return PRESETS[name]
