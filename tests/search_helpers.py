@@ -1,0 +1,97 @@
+"""Shared by the ``nas search`` tests: running the CLI in a subprocess and reading a study back."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Callable
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from nas.records import counts, key_seed
+
+NAS = [sys.executable, "-m", "nas.cli"]
+TINY = ["--preset", "tiny"]
+# the tiny preset's baseline (L4 d32 h4) gives a prism space of 3 members; six layers give 5
+SPACE3 = ["--space", "prism"]
+SPACE5 = ["--space", "prism", "--layers", "6"]
+SPACE8 = ["--space", "prism", "--layers", "8"]
+
+
+def sqlite_url(path: Path) -> str:
+    return f"sqlite:///{path}"
+
+
+def nas_env() -> dict[str, str]:
+    """The test session's environment (its ``NAS_CACHE`` included), quiet about warnings."""
+    return {**os.environ, "PYTHONWARNINGS": "ignore"}
+
+
+def run_nas(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*NAS, *args], cwd=cwd, env=nas_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def start_nas(*args: str, cwd: Path, log: Path) -> subprocess.Popen:
+    """``nas ...`` in the background, stdout and stderr into ``log`` (a pipe could fill up and block it)."""
+    out = open(log, "w")  # noqa: SIM115 - closed with the process by the caller's wait
+    return subprocess.Popen([*NAS, *args], cwd=cwd, env=nas_env(), stdout=out, stderr=subprocess.STDOUT, text=True)
+
+
+def stop(process: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+    if process.poll() is None:
+        process.send_signal(sig)
+        process.wait(timeout=30)
+
+
+def load_trials(storage: str, study_name: str) -> list[FrozenTrial]:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna.load_study(study_name=study_name, storage=storage).get_trials(deepcopy=False)
+
+
+def study_names(storage: str) -> list[str]:
+    return [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)]
+
+
+def counted(trials: list[FrozenTrial]) -> list[FrozenTrial]:
+    return [t for t in trials if counts(t)]
+
+
+def assert_no_repeated_work(trials: list[FrozenTrial], target: int) -> None:
+    """Exactly ``target`` counted trials, no two of them with the same (shape, seed), each with its result."""
+    done = counted(trials)
+    assert len(done) == target, [(t.number, t.state.name, t.user_attrs.get("status")) for t in trials]
+    repeated = [ks for ks, n in Counter(key_seed(t) for t in done).items() if n > 1]
+    assert not repeated, f"(shape, seed) trained twice: {repeated}"
+    for t in done:
+        assert t.user_attrs.get("eval_curve"), f"trial {t.number} lost its result"
+        if t.state == TrialState.COMPLETE:
+            assert t.values and t.values[0] == t.user_attrs["val_loss"], f"trial {t.number} lost its value"
+    assert not [t.number for t in trials if t.state == TrialState.RUNNING], "a trial was left RUNNING"
+    for t in trials:
+        if "duplicate_of" in t.user_attrs:
+            original = trials[t.user_attrs["duplicate_of"]]
+            assert counts(original) and key_seed(original) == key_seed(t), (t.number, original.number)
+
+
+def wait_for(condition: Callable[[], object], timeout: float, what: str, poll: float = 0.2,
+             process: subprocess.Popen | None = None, log: Path | None = None) -> object:
+    """Poll ``condition`` until it returns something truthy; fail naming ``what`` (and the log) on timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            value = condition()
+        except Exception:  # noqa: BLE001 - the storage may not exist yet
+            value = None
+        if value:
+            return value
+        if process is not None and process.poll() is not None:
+            raise AssertionError(f"process exited ({process.returncode}) before {what}:\n"
+                                 + (log.read_text() if log else ""))
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}" + (f":\n{log.read_text()}" if log else ""))

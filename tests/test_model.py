@@ -1,0 +1,144 @@
+"""The torch model: exact parameter accounting, HF LLaMA logit parity, trainability at K=4 with a Prism schedule."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from nas.arch import ArchConfig, FFNShape, divisors_up_to, uniform
+from nas.model import Transformer
+from search_spaces.prism import PrismSpace
+
+
+def _numel(arch: ArchConfig) -> int:
+    with torch.device("meta"):
+        model = Transformer(arch)
+    return sum(p.numel() for p in model.parameters())
+
+
+def _random_arch(rng: random.Random) -> ArchConfig:
+    layers = rng.randint(1, 6)
+    d_model = rng.choice([8, 12, 24, 32, 48, 64, 96, 120])
+    options = divisors_up_to(d_model, 16)
+    heads = sorted(rng.choice(options) for _ in range(layers))
+    return ArchConfig(n_layers=layers, d_model=d_model, heads=tuple(heads),
+                      ffn=FFNShape(rng.randint(1, 8), rng.randint(1, 4 * d_model)),
+                      vocab_size=rng.randint(2, 1000), tie_embeddings=rng.random() < 0.5)
+
+
+def test_n_params_equals_numel_for_60_random_configs() -> None:
+    rng = random.Random(1234)
+    archs = [_random_arch(rng) for _ in range(60)]
+    assert {a.tie_embeddings for a in archs} == {True, False}
+    assert {a.ffn.k for a in archs} == set(range(1, 9))
+    for arch in archs:
+        assert arch.n_params()["total"] == _numel(arch), arch.key()
+
+
+def test_every_prism_schedule_of_a_shape_has_the_same_parameter_count() -> None:
+    space = PrismSpace(12, 768, 12, vocab_size=50304)
+    counts = {_numel(arch) for arch in space}
+    assert counts == {space.baseline().n_params()["total"]}
+    assert space.count() == 129
+
+
+def _to_hf(model: Transformer):
+    transformers = pytest.importorskip("transformers")
+    arch = model.arch
+    config = transformers.LlamaConfig(
+        vocab_size=arch.vocab_size, hidden_size=arch.d_model, intermediate_size=arch.ffn.hidden,
+        num_hidden_layers=arch.n_layers, num_attention_heads=arch.heads[0], num_key_value_heads=arch.heads[0],
+        rms_norm_eps=arch.norm_eps, rope_theta=arch.rope_theta, tie_word_embeddings=arch.tie_embeddings,
+        max_position_embeddings=512, attention_bias=False, mlp_bias=False)
+    hf = transformers.LlamaForCausalLM._from_config(config, attn_implementation="sdpa")
+    state = {"model.embed_tokens.weight": model.embed.weight, "model.norm.weight": model.norm.weight}
+    for i, block in enumerate(model.blocks):
+        prefix = f"model.layers.{i}."
+        q, k, v = block.attn.qkv.weight.chunk(3, dim=0)
+        gate, up = block.ffns[0].gate_up.weight.chunk(2, dim=0)
+        state.update({
+            prefix + "self_attn.q_proj.weight": q, prefix + "self_attn.k_proj.weight": k,
+            prefix + "self_attn.v_proj.weight": v, prefix + "self_attn.o_proj.weight": block.attn.out.weight,
+            prefix + "mlp.gate_proj.weight": gate, prefix + "mlp.up_proj.weight": up,
+            prefix + "mlp.down_proj.weight": block.ffns[0].down.weight,
+            prefix + "input_layernorm.weight": block.attn_norm.weight,
+            prefix + "post_attention_layernorm.weight": block.ffn_norms[0].weight,
+        })
+    if not arch.tie_embeddings:
+        state["lm_head.weight"] = model.lm_head.weight
+    missing, unexpected = hf.load_state_dict({k: v.detach().clone() for k, v in state.items()}, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}
+    if arch.tie_embeddings:
+        assert hf.lm_head.weight.data_ptr() == hf.model.embed_tokens.weight.data_ptr()
+    return hf.eval()
+
+
+@pytest.mark.parametrize("arch", [
+    uniform(2, 64, 4, 320, FFNShape(1, 176), tie_embeddings=True),
+    uniform(3, 96, 6, 500, FFNShape(1, 256), tie_embeddings=False),
+], ids=["tied-d64", "untied-d96"])
+def test_logits_match_hf_llama_with_the_same_weights(arch: ArchConfig) -> None:
+    torch.manual_seed(0)
+    model = Transformer(arch).eval()
+    with torch.no_grad():  # non-trivial norm gains, so a mis-mapped norm would show
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.uniform_(0.5, 1.5)
+    hf = _to_hf(model)
+    idx = torch.randint(0, arch.vocab_size, (3, 57))
+    with torch.no_grad():
+        ours, theirs = model(idx), hf(idx, use_cache=False).logits
+    rel = (ours - theirs).abs().max() / theirs.abs().max()
+    assert rel <= 1e-5
+
+
+def test_prism_schedule_with_k4_overfits_one_batch() -> None:
+    torch.manual_seed(0)
+    arch = ArchConfig(n_layers=4, d_model=64, heads=(1, 1, 4, 4), ffn=FFNShape(4, 24), vocab_size=64)
+    model = Transformer(arch)
+    x = torch.randint(0, 64, (4, 32))
+    y = torch.randint(0, 64, (4, 32))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(30):
+        loss = model(x, y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_attention_probabilities_are_causal_rows_that_sum_to_one() -> None:
+    torch.manual_seed(0)
+    arch = ArchConfig(n_layers=3, d_model=24, heads=(1, 3, 6), ffn=FFNShape(2, 8), vocab_size=50)
+    model = Transformer(arch).eval()
+    idx = torch.randint(0, 50, (2, 10))
+    probs = model.attention_probabilities(idx)
+    assert [p.shape for p in probs] == [(2, h, 10, 10) for h in arch.heads]
+    for p in probs:
+        torch.testing.assert_close(p.sum(-1), torch.ones(p.shape[:-1]))
+        assert torch.all(p.triu(1) == 0)
+
+
+def test_attention_probabilities_reproduce_the_fast_path() -> None:
+    """The analysis path computes the same attention as SDPA: re-assemble one layer's output from it."""
+    torch.manual_seed(0)
+    arch = ArchConfig(n_layers=1, d_model=32, heads=(4,), ffn=FFNShape(1, 16), vocab_size=40)
+    model = Transformer(arch).eval()
+    idx = torch.randint(0, 40, (2, 9))
+    attn, x = model.blocks[0].attn, model.blocks[0].attn_norm(model.embed(idx))
+    with torch.no_grad():
+        probs = attn.probabilities(x)  # (B, H, T, T)
+        _, _, v = attn._qkv(x)
+        manual = attn.out((probs @ v).transpose(1, 2).reshape(2, 9, 32))
+        torch.testing.assert_close(manual, attn(x), rtol=1e-5, atol=1e-6)
+
+
+def test_odd_head_dims_use_partial_rotary() -> None:
+    arch = ArchConfig(n_layers=2, d_model=24, heads=(8, 8), ffn=FFNShape(1, 16), vocab_size=30)  # head dim 3
+    model = Transformer(arch)
+    loss = model(torch.randint(0, 30, (2, 7)), torch.randint(0, 30, (2, 7)))
+    assert torch.isfinite(loss)

@@ -1,0 +1,141 @@
+"""The proxy runner: real training on real data, reproducibility, divergence, pruning, attention distance."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from nas.arch import ArchConfig, FFNShape, uniform
+from nas.model import Transformer
+from runners.attention_distance import layer_attention_distances, mean_attention_distance
+from runners.config import TrainConfig
+from runners.device import is_out_of_memory
+from runners.presets import PRESETS, get_preset
+from runners.proxy import lr_multiplier, run
+from runners.result import TrialResult
+
+TINY = get_preset("tiny")
+
+
+def test_same_seed_gives_the_same_loss_curve(builtin_data) -> None:
+    arch = TINY.baseline
+    first = run(arch, TINY.train, builtin_data)
+    second = run(arch, TINY.train, builtin_data)
+    assert first.status == second.status == "ok"
+    assert first.train_curve == second.train_curve
+    assert first.eval_curve == second.eval_curve
+    other = run(arch, TINY.train.with_(seed=1), builtin_data)
+    assert other.train_curve != first.train_curve
+
+
+@pytest.mark.slow
+def test_default_proxy_trial_learns_real_text(builtin_data) -> None:
+    """The `cpu` preset's baseline must get at least 1.8 nats/byte below the uniform guess ln 256 = 5.55."""
+    preset = get_preset("cpu")
+    result = run(preset.baseline, preset.train, builtin_data)
+    assert result.status == "ok", result.reason
+    assert result.tokens_seen == preset.train.tokens
+    assert result.val_loss < math.log(256) - 1.8, result.eval_curve
+    assert result.eval_curve[-1][1] < result.eval_curve[0][1]
+    assert len(result.attention_distance) == preset.baseline.n_layers
+
+
+def test_absurd_learning_rate_diverges_early_with_a_reason(builtin_data) -> None:
+    cfg = TINY.train.with_(lr=1e4, warmup_frac=0.0, grad_clip=1e9)
+    result = run(TINY.baseline, cfg, builtin_data)
+    assert result.status == "diverged"
+    assert result.steps < cfg.steps
+    assert "loss" in result.reason
+    assert result.attention_distance == []
+
+
+def test_report_can_prune_the_run(builtin_data) -> None:
+    seen = []
+
+    def report(tokens: int, loss: float) -> bool:
+        seen.append((tokens, loss))
+        return True
+
+    result = run(TINY.baseline, TINY.train, builtin_data, report)
+    assert result.status == "pruned"
+    assert len(seen) == 1 and result.tokens_seen == TINY.train.eval_every
+    assert result.eval_curve == seen
+
+
+def test_result_records_what_the_report_needs(builtin_data) -> None:
+    arch = ArchConfig(n_layers=4, d_model=32, heads=(1, 1, 4, 4), ffn=FFNShape(2, 16), vocab_size=256)
+    result = run(arch, TINY.train, builtin_data)
+    assert result.ok and result.tokens_per_s > 0 and result.wall_time_s >= result.train_time_s > 0
+    assert result.params == arch.n_params() and result.flops_per_token == arch.flops_per_token(TINY.train.seq_len)
+    assert [t for t, _ in result.eval_curve] == [1024, 2048, 3072, 4096]
+    assert len(result.attention_distance) == 4 and all(d >= 0 for d in result.attention_distance)
+    assert result.peak_memory_mb > 0
+    again = TrialResult.from_dict(json.loads(result.to_json()))
+    assert again == result
+
+
+def test_vocab_smaller_than_the_data_is_a_usage_error(builtin_data) -> None:
+    from nas.errors import UsageError
+
+    with pytest.raises(UsageError, match="vocab_size=100 is smaller than the data's vocabulary 256"):
+        run(uniform(2, 32, 4, 100), TINY.train, builtin_data)
+
+
+# ----------------------------------------------------------------- attention distance
+def test_distance_of_hand_built_patterns() -> None:
+    T = 8
+    identity = torch.eye(T).expand(2, 3, T, T)
+    assert mean_attention_distance(identity) == 0.0
+    previous = torch.zeros(1, 1, T, T)
+    previous[0, 0, 0, 0] = 1.0
+    for i in range(1, T):
+        previous[0, 0, i, i - 1] = 1.0
+    assert mean_attention_distance(previous) == pytest.approx((T - 1) / T)
+
+
+def test_model_with_uniform_attention_has_distance_t_minus_1_over_4() -> None:
+    """W_Q = W_K = 0 makes every score 0, so query i spreads evenly over keys 0..i: D = mean_i(i/2) = (T-1)/4."""
+    torch.manual_seed(0)
+    arch = ArchConfig(n_layers=3, d_model=24, heads=(1, 2, 6), ffn=FFNShape(1, 16), vocab_size=50)
+    model = Transformer(arch).eval()
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.qkv.weight[: 2 * arch.d_model].zero_()
+    T = 16
+    distances = layer_attention_distances(model, [torch.randint(0, 50, (2, T))])
+    assert distances == pytest.approx([(T - 1) / 4] * 3, rel=1e-6)
+
+
+# ----------------------------------------------------------------- pieces
+def test_learning_rate_warms_up_then_decays_to_the_floor() -> None:
+    total = 100
+    assert lr_multiplier(0, total, 0.1, 0.1) == pytest.approx(0.1)
+    assert lr_multiplier(9, total, 0.1, 0.1) == pytest.approx(1.0)
+    assert lr_multiplier(10, total, 0.1, 0.1) == pytest.approx(1.0)
+    assert lr_multiplier(99, total, 0.1, 0.1) == pytest.approx(0.1)
+    assert all(lr_multiplier(s, total, 0.1, 0.1) >= lr_multiplier(s + 1, total, 0.1, 0.1) for s in range(10, 99))
+
+
+def test_out_of_memory_errors_are_recognised() -> None:
+    assert is_out_of_memory(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1"))
+    assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory"))
+    assert is_out_of_memory(MemoryError())
+    assert not is_out_of_memory(RuntimeError("shape mismatch"))
+
+
+def test_train_config_rejects_bad_values() -> None:
+    from nas.errors import UsageError
+
+    with pytest.raises(UsageError, match="device='tpu' is invalid"):
+        TrainConfig(device="tpu")
+    with pytest.raises(UsageError, match="tokens=0 is invalid"):
+        TrainConfig(tokens=0)
+
+
+def test_every_preset_is_well_formed() -> None:
+    for preset in PRESETS.values():
+        assert preset.baseline.heads == (preset.baseline.heads[0],) * preset.baseline.n_layers
+        assert preset.train.steps >= 1

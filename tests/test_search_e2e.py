@@ -1,0 +1,142 @@
+"""``nas search`` end to end: real (tiny) training into SQLite, read back the way a person would."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections import Counter, defaultdict
+
+import pytest
+from optuna.trial import TrialState
+from typer.testing import CliRunner
+
+from nas.cli import app
+from nas.errors import UsageError
+from nas.records import counts, key_seed
+from nas.study import SearchConfig, run_search
+from runners.presets import get_preset
+from search_helpers import SPACE5, TINY, assert_no_repeated_work, counted, load_trials, run_nas, sqlite_url
+from search_spaces.factory import SpaceOptions, build_space
+
+pytestmark = pytest.mark.slow
+
+# what a person looks for in optuna-dashboard, on every trained trial
+SHAPE_ATTRS = {"key", "arch", "heads", "k", "d_h", "d_model", "layers", "d_model_per_layer", "d_h_over_d_model",
+               "params", "params_attention", "params_ffn", "params_embedding", "seed", "role"}
+RESULT_ATTRS = {"status", "reason", "val_loss", "val_ppl", "eval_curve", "params_breakdown", "flops_per_token",
+                "tokens_per_s", "wall_time_s", "attention_distance", "peak_memory_mb"}
+
+READ_BACK = """
+import json, sys, optuna
+study = optuna.load_study(study_name=sys.argv[1], storage=sys.argv[2])
+print(json.dumps([[t.number, t.state.name, t.values, t.user_attrs.get("key"), t.user_attrs.get("seed")]
+                  for t in study.trials]))
+"""
+
+
+def tiny_space(**shape) -> SpaceOptions:
+    return SpaceOptions(space="prism", **shape)
+
+
+def test_search_trains_the_baseline_first_stores_every_attr_and_never_repeats_a_shape(tmp_path):
+    # 8 members > 5 trials: the sampler (TPE) proposes, and proposes shapes again; each repeat is answered
+    storage = sqlite_url(tmp_path / "study.db")
+    events = []
+    search = run_search(SearchConfig(space=tiny_space(layers=8), preset="tiny", storage=storage, trials=5),
+                        on_event=events.append)
+    assert not search.exhaustive
+    name = search.config.study_name
+    assert re.fullmatch(r"prism-tiny-[0-9a-f]{6}", name)  # derived: the shape differs from the preset's
+    trials = load_trials(storage, name)
+    assert_no_repeated_work(trials, 5)
+
+    baseline = trials[0]
+    assert baseline.user_attrs["role"] == "baseline" and baseline.state == TrialState.COMPLETE
+    assert baseline.user_attrs["heads"] == [4] * 8 and baseline.user_attrs["key"] == search.baseline.key()
+    assert baseline.user_attrs["seed"] == search.train.seed
+    for t in counted(trials):
+        missing = (SHAPE_ATTRS | RESULT_ATTRS) - set(t.user_attrs)
+        assert not missing, f"trial {t.number} lacks {sorted(missing)}"
+        a = t.user_attrs
+        assert a["status"] == "ok" and a["reason"] is None
+        assert len(a["heads"]) == a["layers"] == 8 and len(a["attention_distance"]) == 8
+        assert a["params"] == a["params_breakdown"]["total"] == sum(
+            a[f"params_{part}"] for part in ("attention", "ffn", "embedding")) + a["params_breakdown"]["norm"]
+        assert a["flops_per_token"] > 0 and a["tokens_per_s"] > 0 and a["wall_time_s"] > 0
+        # the pruner sees the validation curve as intermediate values, keyed by tokens seen
+        assert {int(step): loss for step, loss in a["eval_curve"]} == t.intermediate_values
+    for t in trials:
+        if "duplicate_of" in t.user_attrs:  # answered from the stored result, not trained
+            assert t.values == trials[t.user_attrs["duplicate_of"]].values and "eval_curve" not in t.user_attrs
+
+    assert [e.counted for e in events if e.state == "complete"] == [1, 2, 3, 4, 5]
+    assert events[-1].best is not None and events[-1].baseline == pytest.approx(baseline.values[0])
+
+    # a fresh process reads the same study with plain Optuna
+    out = subprocess.run([sys.executable, "-c", READ_BACK, name, storage], capture_output=True, text=True,
+                         check=True, timeout=120).stdout
+    assert json.loads(out) == [[t.number, t.state.name, t.values, t.user_attrs.get("key"), t.user_attrs.get("seed")]
+                               for t in trials]
+
+
+def test_rerunning_the_same_search_continues_it_to_the_requested_trials(tmp_path):
+    config = SearchConfig(space=tiny_space(), preset="tiny", storage=sqlite_url(tmp_path / "s.db"), trials=2)
+    first = run_search(config)
+    assert sum(counts(t) for t in first.study.trials) == 2
+    again = run_search(SearchConfig(**{**config.__dict__, "trials": 4}))
+    assert again.config.study_name == first.config.study_name == "prism-tiny"  # preset defaults: no hash
+    trials = again.study.trials
+    assert_no_repeated_work(trials, 4)
+    assert len(run_search(SearchConfig(**{**config.__dict__, "trials": 4})).study.trials) == len(trials)
+    # the same study name with other training settings is refused, not mixed in
+    other = SearchConfig(**{**config.__dict__, "study_name": "prism-tiny", "train_overrides": (("lr", 0.5),)})
+    with pytest.raises(UsageError, match="created with other train settings"):
+        run_search(other)
+
+
+def test_space_of_5_with_12_trials_trains_each_member_once_then_seed_replicates(tmp_path):
+    proc = run_nas("search", *SPACE5, *TINY, "--trials", "12", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "nas.db").is_file()  # the default storage, in the working directory
+    name = re.search(r"study '([^']+)'", proc.stderr).group(1)
+    assert f"--study-name {name}" in proc.stderr.splitlines()[-1]
+    assert re.search(r"^\[12/12\] #\d+ .*\| best \d\.\d{4} #\d+ \([+-]\d+\.\d\d% vs baseline", proc.stderr, re.M)
+
+    trials = load_trials(sqlite_url(tmp_path / "nas.db"), name)
+    assert_no_repeated_work(trials, 12)
+    space = build_space(tiny_space(layers=6), defaults=get_preset("tiny").baseline)
+    members = [arch.key() for arch in space]
+    assert len(members) == 5
+    done = counted(trials)
+    first_seed = [t for t in done if t.user_attrs["seed"] == 0]
+    assert sorted(t.user_attrs["key"] for t in first_seed) == sorted(members)  # each member once
+    assert [t.user_attrs["key"] for t in sorted(first_seed, key=lambda t: t.number)] == members  # in space order
+    assert trials[0].user_attrs["role"] == "baseline" and trials[0].user_attrs["key"] == members[0]
+    replicates = [t for t in done if t.user_attrs["seed"] != 0]
+    assert len(replicates) == 7 and {t.user_attrs["role"] for t in replicates} == {"replicate"}
+    seeds = defaultdict(set)
+    for t in done:
+        seeds[t.user_attrs["key"]].add(t.user_attrs["seed"])
+    assert len(seeds[members[0]]) >= 2  # the baseline gets replicates: its CI is what gains are judged by
+    # replicates spread over the baseline and the --replicate-top (4) best: every shape gets a second seed first
+    assert sorted(len(s) for s in seeds.values()) == [2, 2, 2, 3, 3]
+
+    board = json.loads(CliRunner().invoke(app, ["best", "--study-name", name, "--storage",
+                                                sqlite_url(tmp_path / "nas.db"), "--format", "json"]).stdout)
+    assert len(board) == 5 and all(row["ci95"] is not None and row["seeds"] >= 2 for row in board)
+    assert Counter(row["is_baseline"] for row in board) == {True: 1, False: 4}
+
+
+def test_a_suggestion_of_a_trained_shape_is_answered_from_the_stored_result(tmp_path):
+    config = SearchConfig(space=tiny_space(), preset="tiny", storage=sqlite_url(tmp_path / "dup.db"), trials=1,
+                          sampler="random")
+    search = run_search(config)  # trains the baseline only
+    search.study.enqueue_trial(search.space.params_of(search.baseline))  # as if the sampler proposed it again
+    trials = run_search(SearchConfig(**{**config.__dict__, "trials": 2})).study.trials
+    repeat = trials[1]
+    assert repeat.user_attrs["duplicate_of"] == 0 and repeat.user_attrs["key"] == trials[0].user_attrs["key"]
+    assert repeat.state == TrialState.COMPLETE and repeat.values == trials[0].values
+    assert not counts(repeat) and "eval_curve" not in repeat.user_attrs  # nothing was trained
+    assert_no_repeated_work(trials, 2)
