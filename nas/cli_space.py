@@ -31,7 +31,7 @@ _P = "Prism schedule"
 _H = "Hourglass grid"
 SpaceOpt = Annotated[str, typer.Option("--space", help="Search space: prism, hourglass or joint.")]
 LayersOpt = Annotated[Optional[int], typer.Option("--layers", help="Baseline depth L (default 12).", show_default=False)]
-DModelOpt = Annotated[Optional[int], typer.Option("--d-model", help="Baseline width d_model (default 192).", show_default=False)]
+DModelOpt = Annotated[Optional[int], typer.Option("--d-model", help="Baseline width d_model (default 96).", show_default=False)]
 HeadsOpt = Annotated[Optional[int], typer.Option("--heads", help="Baseline head count h_base, divides d_model (default 12).",
                                                  show_default=False)]
 VocabOpt = Annotated[Optional[int], typer.Option("--vocab", help="Vocabulary size (default 256, bytes).", show_default=False)]

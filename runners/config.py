@@ -24,7 +24,8 @@ class TrainConfig:
     beta2: float = 0.95
     grad_clip: float = 1.0  # global gradient-norm clip
     eval_every: int = 16_384  # tokens between validation evaluations (pruning points)
-    eval_tokens: int = 8_192  # validation tokens per evaluation: a fixed, ordered slice
+    eval_tokens: int = 8_192  # validation tokens of the final evaluation (the score): a fixed, ordered slice
+    prune_eval_tokens: int = 0  # validation tokens of the intermediate evaluations (pruning points); 0 = eval_tokens
     attention_batches: int = 1  # validation batches used for the per-layer attention distance
     diverge_factor: float = 2.0  # diverged when the train loss exceeds this multiple of its first value
     seed: int = 0

@@ -113,6 +113,8 @@ def _train(model: Transformer, cfg: TrainConfig, data: TokenData, val: list, dev
     forward = torch.compile(model) if cfg.compile else model
     sampler = BatchSampler(data.train, cfg.batch_size, cfg.seq_len, cfg.seed)
     eval_interval = max(1, cfg.eval_every // cfg.tokens_per_step)
+    # intermediate evaluations read the first batches of the same ordered slice: cheap, and equal for every trial
+    n_prune_batches = max(1, (cfg.prune_eval_tokens or cfg.eval_tokens) // cfg.tokens_per_step)
     curve_stride = max(1, steps // MAX_CURVE_POINTS)
     first_loss: float | None = None
     train_time = 0.0
@@ -140,7 +142,8 @@ def _train(model: Transformer, cfg: TrainConfig, data: TokenData, val: list, dev
                              f"(first {first_loss:.4g}, limit {cfg.diverge_factor:g}x)")
             break
         if (step + 1) % eval_interval == 0 or step == steps - 1:
-            result.val_loss = evaluate(model, val, device, cfg.dtype)
+            last = step == steps - 1
+            result.val_loss = evaluate(model, val if last else val[:n_prune_batches], device, cfg.dtype)
             result.eval_curve.append((result.tokens_seen, result.val_loss))
             if not math.isfinite(result.val_loss):
                 result.status, result.reason = "diverged", f"validation loss {result.val_loss} at step {step + 1}"

@@ -48,7 +48,8 @@ def test_list_table_and_csv():
 
 
 def test_list_hourglass_json_fields_and_unmatched_on_stderr():
-    result = run("list", "--space", "hourglass", "--budget", "113M", "--vocab", "50304", "--format", "json")
+    result = run("list", "--space", "hourglass", "--budget", "113M", "--vocab", "50304", "--d-model", "768", "--heads",
+                 "12", "--format", "json")
     assert result.exit_code == 0
     members = json.loads(result.stdout)
     for field in ("k", "layers", "d_model", "d_h", "params", "budget_deviation", "d_model_per_layer",
@@ -63,7 +64,7 @@ def test_list_hourglass_json_fields_and_unmatched_on_stderr():
 def test_list_hourglass_fixed_attention():
     result = run("list", "--space", "hourglass", "--fix", "attention", "--tolerance", "1%", "--format", "json")
     members = json.loads(result.stdout)
-    assert {(m["d_model"], m["layers"]) for m in members} == {(192, 12)} and len(members) > 1
+    assert {(m["d_model"], m["layers"]) for m in members} == {(96, 12)} and len(members) > 1
 
 
 def test_heads_not_dividing_d_model_is_one_line_and_exit_2():

@@ -136,6 +136,9 @@ def test_train_config_rejects_bad_values() -> None:
 
 
 def test_every_preset_is_well_formed() -> None:
+    from search_spaces.factory import DEFAULT_BASELINE
+
+    assert get_preset("cpu").baseline == DEFAULT_BASELINE  # `nas space` and `nas search` default to one shape
     for preset in PRESETS.values():
         assert preset.baseline.heads == (preset.baseline.heads[0],) * preset.baseline.n_layers
         assert preset.train.steps >= 1
