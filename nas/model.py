@@ -30,36 +30,153 @@ INIT_STD = 0.02  # GPT-2 / LLaMA reference initialisation
 class RotaryTable(nn.Module):
     """cos/sin tables for one head dim, grown on demand: ``theta_i = base^(-2i/dim)`` (Su et al. 2021, RoFormer).
 
-    Layout follows HF LLaMA: the table is ``cat(freqs, freqs)`` and the rotation is
-    ``x * cos + rotate_half(x) * sin``. An odd head dim rotates its first ``dim - 1`` channels.
+    Layout follows HF LLaMA (``rotate_half``): channel ``i`` of the first half pairs with channel
+    ``i`` of the second, both turned by ``theta_i``. Only the half tables ``(T, rot/2)`` are kept,
+    since HF's full tables are ``cat(half, half)``. An odd head dim rotates its first ``dim - 1`` channels.
     """
 
     def __init__(self, head_dim: int, base: float) -> None:
         super().__init__()
         self.rot_dim = head_dim - head_dim % 2
         self.base = base
-        self.register_buffer("cos", torch.empty(0, self.rot_dim), persistent=False)
-        self.register_buffer("sin", torch.empty(0, self.rot_dim), persistent=False)
+        self.register_buffer("cos", torch.empty(0, self.rot_dim // 2), persistent=False)
+        self.register_buffer("sin", torch.empty(0, self.rot_dim // 2), persistent=False)
 
     def table(self, seq_len: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cos, sin`` of shape (seq_len, rot_dim / 2)."""
         if self.cos.shape[0] < seq_len or self.cos.device != device or self.cos.dtype != dtype:
             length = max(seq_len, self.cos.shape[0])
             inv_freq = 1.0 / (self.base ** (torch.arange(0, self.rot_dim, 2, device=device, dtype=torch.float32) / self.rot_dim))
             freqs = torch.outer(torch.arange(length, device=device, dtype=torch.float32), inv_freq)  # (T, rot/2)
-            emb = torch.cat((freqs, freqs), dim=-1)  # (T, rot)
-            self.cos, self.sin = emb.cos().to(dtype), emb.sin().to(dtype)
+            self.cos, self.sin = freqs.cos().to(dtype), freqs.sin().to(dtype)
         return self.cos[:seq_len], self.sin[:seq_len]
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` of shape (B, T, H, D) by tables (T, R), R <= D, R even."""
-    rot = cos.shape[-1]
-    cos, sin = cos[:, None, :], sin[:, None, :]  # (T, 1, R): broadcast over heads
-    if rot == x.shape[-1]:
-        x1, x2 = x.chunk(2, dim=-1)
-        return x * cos + torch.cat((-x2, x1), dim=-1) * sin
-    head, tail = x[..., :rot], x[..., rot:]
-    return torch.cat((apply_rotary(head, cos[:, 0], sin[:, 0]), tail), dim=-1)
+def _rotate_into(out: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: float) -> None:
+    """``out = R(sign * theta) x`` over the last dim (HF ``rotate_half`` pairing); ``x`` may be any strided view.
+
+    ``sign=1`` is RoPE, ``sign=-1`` its inverse (= its transpose, which is the backward). Four
+    fused multiply-adds on halves, no temporaries; channels beyond ``2 * cos.shape[-1]`` are copied.
+    """
+    half = cos.shape[-1]
+    x1, x2 = x[..., :half], x[..., half:2 * half]
+    o1, o2 = out[..., :half], out[..., half:2 * half]
+    torch.mul(x1, cos, out=o1)
+    o1.addcmul_(x2, sin, value=-sign)  # x1 cos - x2 sin
+    torch.mul(x2, cos, out=o2)
+    o2.addcmul_(x1, sin, value=sign)  # x2 cos + x1 sin
+    if 2 * half < x.shape[-1]:
+        out[..., 2 * half:].copy_(x[..., 2 * half:])
+
+
+class _RotaryQKV(torch.autograd.Function):
+    """Fused qkv (B, T, 3d) -> q, k rotated and v, each contiguous (B, H, T, Dh), as one autograd node.
+
+    The backward rotates dq, dk back and writes dq, dk, dv straight into one (B, T, 3d) gradient,
+    instead of autograd's zero-filled slice gradients summed together.
+    """
+
+    @staticmethod
+    def forward(ctx, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int):
+        B, T, three_d = qkv.shape
+        head_dim = three_d // (3 * n_heads)
+        src = qkv.view(B, T, 3, n_heads, head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H, T, Dh) view
+        out = qkv.new_empty(3, B, n_heads, T, head_dim)
+        _rotate_into(out[:2], src[:2], cos, sin, 1.0)
+        out[2].copy_(src[2])
+        ctx.save_for_backward(cos, sin)
+        ctx.n_heads = n_heads
+        return out[0], out[1], out[2]
+
+    @staticmethod
+    def backward(ctx, dq, dk, dv):
+        cos, sin = ctx.saved_tensors
+        B, H, T, Dh = next(g for g in (dq, dk, dv) if g is not None).shape
+        grad = dq.new_empty(B, T, 3, H, Dh) if dq is not None else dk.new_empty(B, T, 3, H, Dh)
+        dst = grad.permute(2, 0, 3, 1, 4)  # (3, B, H, T, Dh) view
+        for i, g in enumerate((dq, dk)):
+            if g is None:
+                dst[i].zero_()
+            else:
+                _rotate_into(dst[i], g, cos, sin, -1.0)
+        if dv is None:
+            dst[2].zero_()
+        else:
+            dst[2].copy_(dv)
+        return grad.view(B, T, 3 * H * Dh), None, None, None
+
+
+_CAUSAL_MASKS: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def _causal_mask(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """(n, n) additive mask: 0 on and below the diagonal, -inf above. Cached."""
+    key = (n, dtype, device)
+    if key not in _CAUSAL_MASKS:
+        _CAUSAL_MASKS[key] = torch.full((n, n), float("-inf"), dtype=dtype, device=device).triu(1)
+    return _CAUSAL_MASKS[key]
+
+
+def _query_blocks(seq_len: int) -> list[tuple[int, int]]:
+    """Row ranges [r0, r1) of the query blocks: up to 4 blocks of at least 32 queries."""
+    n_blocks = max(1, min(4, seq_len // 32))
+    size = -(-seq_len // n_blocks)
+    return [(r0, min(seq_len, r0 + size)) for r0 in range(0, seq_len, size)]
+
+
+class _NarrowHeadAttention(torch.autograd.Function):
+    """Exact causal attention by batched matmuls, for the narrow heads where CPU flash attention is slow.
+
+    Inputs (N, T, Dh) with N = B H; returns the output transposed, (N, Dh, T). At Dh <= 12 the
+    cost is the (T, T) score tensors, not FLOPs, so: (1) queries are cut into blocks and block
+    ``[r0, r1)`` only scores keys ``< r1``, skipping most of the masked upper triangle (4 blocks
+    compute 10/16 of it); (2) softmax and its backward run in place; (3) the 1/sqrt(Dh) scale is
+    applied to Q, not to the scores; (4) every product that would be only Dh columns wide
+    (P V, dV, dQ, dK) is computed transposed, (N, Dh, T), which MKL runs several times faster.
+    """
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        N, T, Dh = q.shape
+        scale = 1.0 / math.sqrt(Dh)
+        q_scaled = q * scale
+        k_t, v_t = k.transpose(1, 2), v.transpose(1, 2)  # (N, Dh, T) views
+        out_t = q.new_empty(N, Dh, T)
+        probs = []
+        for r0, r1 in _query_blocks(T):
+            p = torch.bmm(q_scaled[:, r0:r1], k_t[:, :, :r1])  # (N, Tb, r1): scores of keys < r1
+            p[:, :, r0:].add_(_causal_mask(r1 - r0, q.dtype, q.device))
+            torch._softmax(p, -1, False, out=p)
+            out_t[:, :, r0:r1] = torch.bmm(v_t[:, :, :r1], p.transpose(1, 2))  # (N, Dh, Tb) = (P V)^T
+            probs.append(p)
+        ctx.save_for_backward(q_scaled, k, v, *probs)
+        ctx.scale = scale
+        return out_t
+
+    @staticmethod
+    def backward(ctx, d_out_t: torch.Tensor):
+        q_scaled, k, v, *probs = ctx.saved_tensors
+        N, T, Dh = q_scaled.shape
+        k_t, v_t, q_scaled_t = k.transpose(1, 2), v.transpose(1, 2), q_scaled.transpose(1, 2)
+        d_q_t = q_scaled.new_empty(N, Dh, T)
+        d_k_t = d_v_t = None
+        for (r0, r1), p in reversed(list(zip(_query_blocks(T), probs))):  # the last block spans every key
+            d_o_t = d_out_t[:, :, r0:r1]  # (N, Dh, Tb)
+            ds = torch.bmm(d_o_t.transpose(1, 2), v_t[:, :, :r1])  # (N, Tb, r1) = dO V^T
+            torch._softmax_backward_data(ds, p, -1, p.dtype, grad_input=ds)
+            d_q_t[:, :, r0:r1] = torch.bmm(k_t[:, :, :r1], ds.transpose(1, 2))  # (dS K)^T
+            d_k = torch.bmm(q_scaled_t[:, :, r0:r1], ds)  # (N, Dh, r1) = (dS^T Q)^T
+            d_v = torch.bmm(d_o_t, p)  # (N, Dh, r1) = (P^T dO)^T
+            if d_k_t is None:
+                d_k_t, d_v_t = d_k, d_v
+            else:
+                d_k_t[:, :, :r1] += d_k
+                d_v_t[:, :, :r1] += d_v
+        d_q_t.mul_(ctx.scale)
+        return d_q_t.transpose(1, 2), d_k_t.transpose(1, 2), d_v_t.transpose(1, 2)
+
+
+NARROW_HEAD_DIM = 12  # CPU, T >= 64: head dims up to this use _NarrowHeadAttention (faster there), wider ones SDPA
 
 
 class Attention(nn.Module):
@@ -73,19 +190,21 @@ class Attention(nn.Module):
         self.rotary = rotary
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        B, T, D = x.shape
-        qkv = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim)  # (B, T, 3, H, Dh)
-        cos, sin = self.rotary.table(T, x.device, x.dtype)
-        qk = apply_rotary(qkv[:, :, :2].reshape(B, T, 2 * self.n_heads, self.head_dim), cos, sin)  # (B, T, 2H, Dh)
-        q, k = qk.view(B, T, 2, self.n_heads, self.head_dim).transpose(1, 3).unbind(2)  # (B, H, T, Dh) each
-        v = qkv[:, :, 2].transpose(1, 2)  # (B, H, T, Dh)
-        return q, k, v
+        """q (RoPE applied), k (RoPE applied), v: (B, H, T, Dh) each."""
+        qkv = self.qkv(x)  # (B, T, 3d)
+        cos, sin = self.rotary.table(x.shape[1], qkv.device, qkv.dtype)
+        return _RotaryQKV.apply(qkv, cos, sin, self.n_heads)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, D = x.shape
-        q, k, v = self._qkv(x)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, Dh)
-        return self.out(y.transpose(1, 2).reshape(B, T, D))
+        q, k, v = self._qkv(x)  # (B, H, T, Dh) each
+        if x.device.type == "cpu" and self.head_dim <= NARROW_HEAD_DIM and T >= 64:
+            flat = (B * self.n_heads, T, self.head_dim)
+            y_t = _NarrowHeadAttention.apply(q.view(flat), k.view(flat), v.view(flat))  # (BH, Dh, T)
+            y = y_t.view(B, self.n_heads, self.head_dim, T).permute(0, 3, 1, 2)  # (B, T, H, Dh)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)  # (B, T, H, Dh)
+        return self.out(y.reshape(B, T, D))
 
     def probabilities(self, x: torch.Tensor) -> torch.Tensor:
         """Explicit causal softmax(QK^T / sqrt(Dh)), shape (B, H, T, T). Analysis only: O(T^2) memory."""

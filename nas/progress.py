@@ -17,8 +17,9 @@ def _duration(seconds: float) -> str:
 class Progress:
     """Prints ``[ 37/200] #41 member  h=3x2,6x2,12x8 ... loss 3.2871 (9.4s) | best 3.2512 #7 (+1.25% vs baseline) | ETA 28m10s``."""
 
-    def __init__(self, workers: int = 1, stream: TextIO = sys.stderr) -> None:
-        self.stream, self.workers = stream, workers
+    def __init__(self, workers: int = 1, stream: TextIO | None = None) -> None:
+        # resolved now, not at import: a default of sys.stderr would pin whatever stream was current then
+        self.stream, self.workers = stream or sys.stderr, workers
         self.started = time.perf_counter()
         self.first_counted: int | None = None
 

@@ -60,9 +60,12 @@ def counts(trial: FrozenTrial) -> bool:
 
 
 def in_flight(trial: FrozenTrial) -> bool:
-    """Running, not a duplicate, not surplus: it will probably count when it ends."""
-    return (trial.state == TrialState.RUNNING and not is_duplicate(trial)
-            and not trial.user_attrs.get("surplus") and "key" in trial.user_attrs)
+    """Running, not a duplicate, not surplus: it will probably count when it ends.
+
+    A trial just handed out by ``ask`` has no shape (``key``) yet, and is in flight all the same:
+    otherwise two workers racing for the last slot would both train.
+    """
+    return trial.state == TrialState.RUNNING and not is_duplicate(trial) and not trial.user_attrs.get("surplus")
 
 
 def key_seed(trial: FrozenTrial) -> tuple[str, int] | None:

@@ -13,6 +13,7 @@ by the next worker and re-queued with the same shape and seed (Optuna's
 
 from __future__ import annotations
 
+import importlib.util
 import sqlite3
 import warnings
 from pathlib import Path
@@ -41,6 +42,16 @@ def parse_url(url: str) -> sqlalchemy.URL:
     return parsed
 
 
+def _with_driver(parsed: sqlalchemy.URL) -> sqlalchemy.URL:
+    """``postgresql://`` names no driver and SQLAlchemy 2.1 defaults it to psycopg 3; use the one installed."""
+    if parsed.drivername != "postgresql":
+        return parsed
+    for module in ("psycopg2", "psycopg"):  # psycopg2 first: the ``postgres`` extra installs it
+        if importlib.util.find_spec(module) is not None:
+            return parsed.set(drivername=f"postgresql+{module}")
+    return parsed
+
+
 def _prepare_sqlite(path: str) -> None:
     """Create the file's folder and switch it to WAL journaling (a persistent property of the file)."""
     file = Path(path)
@@ -53,7 +64,7 @@ def _prepare_sqlite(path: str) -> None:
 def make_storage(url: str = DEFAULT_STORAGE, heartbeat_interval: int = 10,
                  grace_period: int | None = None) -> optuna.storages.RDBStorage:
     """An ``RDBStorage`` with heartbeats and stale-trial retry, tuned for concurrent workers."""
-    parsed = parse_url(url)
+    parsed = _with_driver(parse_url(url))
     engine_kwargs: dict = {}
     if parsed.get_backend_name() == "sqlite":
         _prepare_sqlite(parsed.database)
@@ -63,9 +74,11 @@ def make_storage(url: str = DEFAULT_STORAGE, heartbeat_interval: int = 10,
     try:
         with warnings.catch_warnings():  # heartbeats and retries are "experimental" since Optuna 2.8; we rely on them
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return _rdb_storage(url, engine_kwargs, heartbeat_interval, grace_period)
-    except ModuleNotFoundError as error:
-        raise UsageError(f"storage URL {url!r} needs the Python package {error.name!r}: "
+            return _rdb_storage(parsed.render_as_string(hide_password=False), engine_kwargs, heartbeat_interval,
+                                grace_period)
+    except ImportError as error:  # Optuna re-raises the driver's ModuleNotFoundError as a bare ImportError
+        missing = getattr(error.__cause__, "name", None) or error.name or "its database driver"
+        raise UsageError(f"storage URL {url!r} needs the Python package {missing!r}: "
                          "pip install 'prism-nas[postgres]' for PostgreSQL") from None
     except sqlalchemy.exc.OperationalError as error:
         first = str(error.orig).strip().splitlines()[0] if error.orig else str(error).splitlines()[0]

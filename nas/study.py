@@ -3,9 +3,11 @@
 A worker repeats: fail stale trials (killed workers), stop when the study holds ``trials``
 counted trials, otherwise choose the next piece of work and train it:
 
-1. waiting trials first (the baseline, enqueued as trial 0; re-queued killed/interrupted trials);
+1. waiting trials first (the baseline, enqueued as trial 0; re-queued killed/interrupted trials):
+   they are the only trials in Optuna's queue, so a re-queued shape is never left behind;
 2. a space with no more members than ``trials`` is walked exhaustively, in its order;
-   once every member is trained, seed replicates of the best shapes and the baseline;
+   once every member is trained, seed replicates of the best shapes and the baseline
+   (the planned shape is drawn through a ``PartialFixedSampler``, not enqueued);
 3. otherwise the sampler (TPE by default) proposes a shape.
 
 No shape is trained twice with the same seed: a trial whose (shape, seed) was already
@@ -23,8 +25,9 @@ import multiprocessing
 import time
 import warnings
 from collections import defaultdict
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -87,6 +90,8 @@ class SearchConfig:
         if bad or not self.objectives or len(set(self.objectives)) != len(self.objectives) or self.objectives[0] != "loss":
             raise UsageError(f"--objectives {','.join(self.objectives)!r} is invalid: use loss, loss,params or "
                              "loss,tokens_per_s")
+        if self.sampler == "gp" and len(self.objectives) > 1:
+            raise UsageError("--sampler gp takes a single objective; use nsga2 or tpe for several")
         if self.heartbeat_interval < 1:
             raise UsageError(f"--heartbeat {self.heartbeat_interval} is invalid: give at least 1 second")
 
@@ -125,8 +130,8 @@ class TrialEvent:
     wall_time_s: float
     counted: int
     target: int
-    best: tuple[int, float] | None  # (trial number, loss)
-    baseline: float | None
+    best: tuple[int, float] | None  # the best shape: (its first trial's number, mean loss over its seeds)
+    baseline: float | None  # the baseline's mean loss over its seeds
     reason: str | None = None
 
 
@@ -170,9 +175,7 @@ def make_sampler(config: SearchConfig, seed: int) -> optuna.samplers.BaseSampler
         return optuna.samplers.BruteForceSampler(seed=seed)
     if name == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=seed)
-    if len(config.objectives) > 1:
-        raise UsageError("--sampler gp takes a single objective; use nsga2 or tpe for several")
-    return optuna.samplers.GPSampler(seed=seed)
+    return optuna.samplers.GPSampler(seed=seed)  # single objective only: SearchConfig.validate checks
 
 
 def make_pruner(config: SearchConfig, train: TrainConfig) -> optuna.pruners.BasePruner:
@@ -369,9 +372,30 @@ def replace_user_attrs(trial: FrozenTrial, user_attrs: dict[str, Any]) -> Frozen
     return copy
 
 
-def run_trial(search: Search, trial: optuna.Trial, heartbeat: Heartbeat) -> tuple[str, ArchConfig, int, str, float | None]:
-    """Suggest (or read the enqueued) shape, de-duplicate, train, tell. Returns (state, arch, seed, role, loss)."""
-    arch = search.space.suggest(trial)
+@contextmanager
+def _drawing_with(study: optuna.Study, sampler: optuna.samplers.BaseSampler | None) -> Iterator[None]:
+    """Let ``sampler`` draw the trial's params: Optuna samples lazily, at each ``suggest_*`` call, not at ``ask``."""
+    if sampler is None:
+        yield
+        return
+    own, study.sampler = study.sampler, sampler
+    try:
+        yield
+    finally:
+        study.sampler = own
+
+
+def run_trial(search: Search, trial: optuna.Trial, heartbeat: Heartbeat, plan: Plan | None = None,
+              sampler: optuna.samplers.BaseSampler | None = None) -> tuple[str, ArchConfig, int, str, float | None]:
+    """Suggest (or read the enqueued) shape, de-duplicate, train, tell. Returns (state, arch, seed, role, loss).
+
+    ``plan`` applies unless ``ask`` handed out a queued trial (which carries its own shape and seed);
+    ``sampler`` (the plan's, or a random one that breaks a run of duplicates) draws the shape.
+    """
+    if plan is not None and "key" not in trial.user_attrs:
+        set_attrs(trial, plan.user_attrs)  # first: from now on other workers see what this trial trains
+    with _drawing_with(search.study, sampler):
+        arch = search.space.suggest(trial)
     seed = int(trial.user_attrs.get("seed", search.train.seed))
     role = trial.user_attrs.get("role", "sampled")
     set_attrs(trial, shape_attrs(arch, seed, role))
@@ -384,13 +408,21 @@ def run_trial(search: Search, trial: optuna.Trial, heartbeat: Heartbeat) -> tupl
 
 # ----------------------------------------------------------------- the worker loop
 def summary(search: Search, trials: list[FrozenTrial]) -> tuple[int, tuple[int, float] | None, float | None]:
-    """(counted trials, best (number, loss) among completed, mean baseline loss)."""
+    """(counted trials, best shape as (its first trial, mean loss over its seeds), the baseline's mean loss).
+
+    Shapes are compared by their mean over seeds, as in the leaderboard: one lucky seed is not a gain
+    (and the baseline's own first seed must not show a gain over the baseline).
+    """
     counted = [t for t in trials if counts(t)]
-    complete = [t for t in counted if t.state == TrialState.COMPLETE]
-    best = min(((t.number, loss_of(t)) for t in complete), key=lambda p: p[1], default=None)
-    base_key = search.baseline.key()
-    base = [loss_of(t) for t in complete if t.user_attrs.get("key") == base_key]
-    return len(counted), best, (sum(base) / len(base) if base else None)
+    losses: dict[str, list[float]] = defaultdict(list)
+    first: dict[str, int] = {}
+    for t in counted:
+        if t.state == TrialState.COMPLETE:
+            losses[t.user_attrs["key"]].append(loss_of(t))
+            first.setdefault(t.user_attrs["key"], t.number)
+    means = {key: sum(values) / len(values) for key, values in losses.items()}
+    best = min(means, key=lambda key: (means[key], first[key]), default=None)
+    return len(counted), ((first[best], means[best]) if best else None), means.get(search.baseline.key())
 
 
 def run_worker(search: Search, on_event: Callable[[TrialEvent], None] | None = None) -> int:
@@ -407,25 +439,24 @@ def run_worker(search: Search, on_event: Callable[[TrialEvent], None] | None = N
             time.sleep(POLL_S)  # the rest is running elsewhere; stay in case one of them fails
             continue
         plan = plan_next(search, trials)
+        sampler = None
         if plan is not None:
-            study.enqueue_trial(plan.params, user_attrs=plan.user_attrs)
-        sampler = study.sampler
-        if plan is None and duplicate_streak >= MAX_DUPLICATE_STREAK:
-            study.sampler = optuna.samplers.RandomSampler(seed=search.train.seed + len(trials))
-        try:
-            trial = study.ask()
-        finally:
-            study.sampler = sampler
+            sampler = optuna.samplers.PartialFixedSampler(plan.params, study.sampler)
+        elif duplicate_streak >= MAX_DUPLICATE_STREAK:
+            sampler = optuna.samplers.RandomSampler(seed=search.train.seed + len(trials))
+        trial = study.ask()  # a queued trial if there is one, else a fresh one that ``plan`` or the sampler fills
         started = time.perf_counter()
         state, loss, reason = "error", None, None
         arch, seed, role = search.baseline, search.train.seed, "sampled"
         with Heartbeat(study, trial._trial_id) as heartbeat:
             try:
-                if _is_surplus(study, trial.number, target):
+                if _is_surplus(study, trial.number, target):  # stand down, but stay: the others may still fail
                     trial.set_user_attr("surplus", True)
                     study.tell(trial, state=TrialState.FAIL)
-                    return trained
-                state, arch, seed, role, loss = run_trial(search, trial, heartbeat)
+                    if "key" in trial.user_attrs:  # a queued trial (e.g. a re-queued one) goes back to the queue
+                        _requeue(study, trial.number)
+                    continue
+                state, arch, seed, role, loss = run_trial(search, trial, heartbeat, plan, sampler)
             except KeyboardInterrupt:
                 trial.set_user_attr("status", "interrupted")
                 trial.set_user_attr("reason", "interrupted by the user (Ctrl-C); re-queued")

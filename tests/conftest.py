@@ -20,3 +20,12 @@ def builtin_data(nas_cache: str):
     from nas.data import load_data
 
     return load_data("builtin")
+
+
+@pytest.fixture
+def one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In-process searches train with one torch thread: on a busy 2-core box two threads wait on each other at
+    every op (a tiny trial goes from 0.5 s to 50 s); the ``nas`` subprocesses get one core each instead."""
+    import runners.device
+
+    monkeypatch.setattr(runners.device, "available_cores", lambda: 1)

@@ -9,7 +9,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -33,14 +33,29 @@ def nas_env() -> dict[str, str]:
     return {**os.environ, "PYTHONWARNINGS": "ignore"}
 
 
-def run_nas(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*NAS, *args], cwd=cwd, env=nas_env(), capture_output=True, text=True, timeout=timeout)
+def on_cores(cores: Iterable[int] | None) -> Callable[[], None] | None:
+    """A ``preexec_fn`` pinning the process (and so torch's thread count) to ``cores``; None leaves it free.
+
+    A trial uses every core it may run on; two such processes on one 2-core box, or one beside a busy
+    neighbour, make torch's threads wait on each other at every op (100x slower), so tests pin them.
+    """
+    if cores is None:
+        return None
+    allowed = sorted(set(cores) & os.sched_getaffinity(0)) or sorted(os.sched_getaffinity(0))[:1]
+    return lambda: os.sched_setaffinity(0, allowed)
 
 
-def start_nas(*args: str, cwd: Path, log: Path) -> subprocess.Popen:
+def run_nas(*args: str, cwd: Path, timeout: float = 300, cores: Iterable[int] | None = (0,)
+            ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*NAS, *args], cwd=cwd, env=nas_env(), capture_output=True, text=True, timeout=timeout,
+                          preexec_fn=on_cores(cores))
+
+
+def start_nas(*args: str, cwd: Path, log: Path, cores: Iterable[int] | None = (0,)) -> subprocess.Popen:
     """``nas ...`` in the background, stdout and stderr into ``log`` (a pipe could fill up and block it)."""
-    out = open(log, "w")  # noqa: SIM115 - closed with the process by the caller's wait
-    return subprocess.Popen([*NAS, *args], cwd=cwd, env=nas_env(), stdout=out, stderr=subprocess.STDOUT, text=True)
+    with open(log, "w") as out:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen([*NAS, *args], cwd=cwd, env=nas_env(), stdout=out, stderr=subprocess.STDOUT,
+                                text=True, preexec_fn=on_cores(cores))
 
 
 def stop(process: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
@@ -50,8 +65,12 @@ def stop(process: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
 
 
 def load_trials(storage: str, study_name: str) -> list[FrozenTrial]:
+    """The study's trials, read with plain Optuna (PostgreSQL through ``nas.storage``, which picks the driver)."""
+    from nas.storage import make_storage
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    return optuna.load_study(study_name=study_name, storage=storage).get_trials(deepcopy=False)
+    store = storage if storage.startswith("sqlite") else make_storage(storage)
+    return optuna.load_study(study_name=study_name, storage=store).get_trials(deepcopy=False)
 
 
 def study_names(storage: str) -> list[str]:

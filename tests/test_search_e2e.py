@@ -20,7 +20,7 @@ from runners.presets import get_preset
 from search_helpers import SPACE5, TINY, assert_no_repeated_work, counted, load_trials, run_nas, sqlite_url
 from search_spaces.factory import SpaceOptions, build_space
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 # what a person looks for in optuna-dashboard, on every trained trial
 SHAPE_ATTRS = {"key", "arch", "heads", "k", "d_h", "d_model", "layers", "d_model_per_layer", "d_h_over_d_model",
@@ -41,27 +41,28 @@ def tiny_space(**shape) -> SpaceOptions:
 
 
 def test_search_trains_the_baseline_first_stores_every_attr_and_never_repeats_a_shape(tmp_path):
-    # 8 members > 5 trials: the sampler (TPE) proposes, and proposes shapes again; each repeat is answered
+    # 5 members > 4 trials: the sampler (TPE) proposes, and may propose a shape again (answered, not trained)
     storage = sqlite_url(tmp_path / "study.db")
     events = []
-    search = run_search(SearchConfig(space=tiny_space(layers=8), preset="tiny", storage=storage, trials=5),
+    search = run_search(SearchConfig(space=tiny_space(layers=6), preset="tiny", storage=storage, trials=4),
                         on_event=events.append)
     assert not search.exhaustive
     name = search.config.study_name
     assert re.fullmatch(r"prism-tiny-[0-9a-f]{6}", name)  # derived: the shape differs from the preset's
     trials = load_trials(storage, name)
-    assert_no_repeated_work(trials, 5)
+    assert_no_repeated_work(trials, 4)
 
     baseline = trials[0]
     assert baseline.user_attrs["role"] == "baseline" and baseline.state == TrialState.COMPLETE
-    assert baseline.user_attrs["heads"] == [4] * 8 and baseline.user_attrs["key"] == search.baseline.key()
+    assert baseline.user_attrs["heads"] == [4] * 6 and baseline.user_attrs["key"] == search.baseline.key()
     assert baseline.user_attrs["seed"] == search.train.seed
     for t in counted(trials):
         missing = (SHAPE_ATTRS | RESULT_ATTRS) - set(t.user_attrs)
         assert not missing, f"trial {t.number} lacks {sorted(missing)}"
         a = t.user_attrs
-        assert a["status"] == "ok" and a["reason"] is None
-        assert len(a["heads"]) == a["layers"] == 8 and len(a["attention_distance"]) == 8
+        assert (a["status"], a["reason"] is None) in (("ok", True), ("pruned", False))  # median pruner at work
+        assert len(a["heads"]) == a["layers"] == 6
+        assert len(a["attention_distance"]) == (6 if a["status"] == "ok" else 0)  # measured on finished models
         assert a["params"] == a["params_breakdown"]["total"] == sum(
             a[f"params_{part}"] for part in ("attention", "ffn", "embedding")) + a["params_breakdown"]["norm"]
         assert a["flops_per_token"] > 0 and a["tokens_per_s"] > 0 and a["wall_time_s"] > 0
@@ -71,7 +72,7 @@ def test_search_trains_the_baseline_first_stores_every_attr_and_never_repeats_a_
         if "duplicate_of" in t.user_attrs:  # answered from the stored result, not trained
             assert t.values == trials[t.user_attrs["duplicate_of"]].values and "eval_curve" not in t.user_attrs
 
-    assert [e.counted for e in events if e.state == "complete"] == [1, 2, 3, 4, 5]
+    assert [e.counted for e in events if e.state in ("complete", "pruned")] == [1, 2, 3, 4]
     assert events[-1].best is not None and events[-1].baseline == pytest.approx(baseline.values[0])
 
     # a fresh process reads the same study with plain Optuna
@@ -140,3 +141,21 @@ def test_a_suggestion_of_a_trained_shape_is_answered_from_the_stored_result(tmp_
     assert repeat.state == TrialState.COMPLETE and repeat.values == trials[0].values
     assert not counts(repeat) and "eval_curve" not in repeat.user_attrs  # nothing was trained
     assert_no_repeated_work(trials, 2)
+
+
+@pytest.mark.parametrize("sampler, pruner, sampler_class, pruner_class", [
+    ("tpe", "hyperband", "TPESampler", "HyperbandPruner"),
+    ("random", "median", "RandomSampler", "MedianPruner"),
+    ("grid", "none", "BruteForceSampler", "NopPruner"),
+    ("gp", "median", "GPSampler", "MedianPruner"),
+    ("nsga2", "none", "NSGAIISampler", "NopPruner"),
+])
+def test_every_sampler_and_pruner_searches(tmp_path, sampler, pruner, sampler_class, pruner_class):
+    # 5 members > 3 trials: the sampler proposes every trial after the baseline
+    search = run_search(SearchConfig(space=tiny_space(layers=6), preset="tiny", storage=sqlite_url(tmp_path / "s.db"),
+                                     trials=3, sampler=sampler, pruner=pruner,
+                                     train_overrides=(("tokens", 2048),)))
+    assert type(search.study.sampler).__name__ == sampler_class and type(search.study.pruner).__name__ == pruner_class
+    trials = search.study.trials
+    assert_no_repeated_work(trials, 3)
+    assert {t.user_attrs["role"] for t in counted(trials)} == {"baseline", "sampled"}

@@ -1,0 +1,18 @@
+"""Ratio benchmarks for prism-nas: every figure is measured against a reference in the same process run.
+
+``python -m benchmarks`` runs all seven figures and writes ``benchmarks.md`` and
+``benchmarks.json``; ``--smoke`` runs each for a few steps (CI proves the harness works; its
+numbers mean nothing). One module per figure, ``benchmarks.harness`` for what they share.
+
+| # | module | figure |
+|---|---|---|
+| 1 | ``prism_free`` | Prism schedules' training tokens/s vs the uniform baseline |
+| 2 | ``vs_hf`` | our model vs HF ``LlamaForCausalLM`` at equal shape |
+| 3 | ``hourglass_cost`` | K = 2, 4, 8 hourglass FFNs vs the conventional FFN at equal budget |
+| 4 | ``efficiency`` | training FLOP/s over the measured matmul peak |
+| 5 | ``overhead`` | per-trial fixed cost of a search as a share of a default trial |
+| 6 | ``search_efficiency`` | tokens TPE + pruning + de-dup spend to find the best shape vs random |
+| 7 | ``space_scaling`` | time to count and enumerate the prism space as L grows |
+"""
+
+FIGURES = ("prism_free", "vs_hf", "hourglass_cost", "efficiency", "overhead", "search_efficiency", "space_scaling")

@@ -1,0 +1,81 @@
+"""``python -m benchmarks [--smoke] [--only 1,2,...] [--out DIR] [--threads N] [--device cpu|cuda]``.
+
+The process re-executes itself once with ``harness.ENV_DEFAULTS`` (glibc allocator and OpenMP
+wait policy; they only act at start-up) unless they are already set or ``--no-reexec`` is given.
+Exit status: 0 when every figure with a target met it (or ``--smoke``), 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import shlex
+import sys
+import time
+import traceback
+
+from benchmarks import FIGURES
+from benchmarks.harness import BenchConfig, Figure, machine_info, reexec_with_env, set_threads, verdict, write_outputs
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="a few steps per benchmark: checks the harness, "
+                        "measures nothing (< 60 s)")
+    parser.add_argument("--only", default="", help="comma-separated figure numbers or names, e.g. 1,2 or vs_hf")
+    parser.add_argument("--out", default="bench-out", help="folder for benchmarks.md and benchmarks.json")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: every usable core)")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda (figures 1-4 then run in bf16)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cache-dir", default=None, help="data cache (default: $NAS_CACHE or the user cache)")
+    parser.add_argument("--no-reexec", action="store_true", help="do not restart with the allocator/OpenMP settings")
+    return parser.parse_args(argv)
+
+
+def selected(only: str) -> list[tuple[int, str]]:
+    figures = list(enumerate(FIGURES, start=1))
+    if not only:
+        return figures
+    wanted = {w.strip() for w in only.split(",") if w.strip()}
+    chosen = [(n, name) for n, name in figures if str(n) in wanted or name in wanted]
+    unknown = wanted - {str(n) for n, _ in chosen} - {name for _, name in chosen}
+    if unknown:
+        raise SystemExit(f"unknown figure(s) {', '.join(sorted(unknown))}; choose 1-7 or {', '.join(FIGURES)}")
+    return chosen
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    if not args.no_reexec:
+        reexec_with_env("benchmarks", argv)
+    chosen = selected(args.only)
+    threads = set_threads(args.threads)
+    cfg = BenchConfig(smoke=args.smoke, threads=threads, device=args.device, seed=args.seed, cache_dir=args.cache_dir)
+    info = machine_info(threads, args.device)
+    command = "python -m benchmarks " + shlex.join(argv) if argv else "python -m benchmarks"
+    figures: list[Figure] = []
+    started = time.perf_counter()
+    for number, name in chosen:
+        t0 = time.perf_counter()
+        print(f"[{number}/7] {name} ...", flush=True)
+        try:
+            figure = importlib.import_module(f"benchmarks.{name}").run(cfg)
+        except Exception as error:  # noqa: BLE001 - one broken figure must not hide the others
+            traceback.print_exc()
+            figure = Figure(number=number, name=name, title=name, target="-", method="crashed", columns=[],
+                            passed=False, summary=f"error: {type(error).__name__}: {error}"[:300],
+                            seconds=time.perf_counter() - t0, smoke=args.smoke)
+        figures.append(figure)
+        print(f"      {verdict(figure.passed, figure.smoke)}: {figure.summary} ({figure.seconds:.0f} s)", flush=True)
+        threads = set_threads(args.threads)  # a figure that ran the proxy may have changed it
+    info["total_seconds"] = round(time.perf_counter() - started, 1)
+    md, js = write_outputs(args.out, figures, info, command)
+    print(f"wrote {md} and {js} ({info['total_seconds']:.0f} s)")
+    if args.smoke:
+        return 0 if all(f.method != "crashed" for f in figures) else 1
+    return 0 if all(f.passed is not False for f in figures) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""``python -m benchmarks --smoke`` runs every figure for a few steps and writes a well-formed report.
+
+No timing assertions: the smoke run proves the harness works, its numbers mean nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import FIGURES
+from benchmarks.harness import Figure, markdown, sandwich
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory: pytest.TempPathFactory, nas_cache: str) -> tuple[dict, str, str]:
+    out = tmp_path_factory.mktemp("bench")
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "--smoke", "--out", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "NAS_CACHE": nas_cache})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    data = json.loads((out / "benchmarks.json").read_text())
+    return data, (out / "benchmarks.md").read_text(), proc.stdout
+
+
+def test_smoke_json_has_every_figure_with_rows_and_a_verdict(smoke_run) -> None:
+    data, _, _ = smoke_run
+    assert [f["number"] for f in data["figures"]] == list(range(1, 8))
+    assert [f["name"] for f in data["figures"]] == list(FIGURES)
+    for figure in data["figures"]:
+        assert figure["method"] != "crashed", figure["summary"]
+        assert figure["smoke"] is True
+        assert figure["rows"], figure["name"]
+        assert figure["passed"] in (True, False, None)
+        for key in ("title", "target", "summary", "columns", "seconds"):
+            assert figure[key] not in ("", None), (figure["name"], key)
+        for row in figure["rows"]:
+            assert set(row) <= set(figure["columns"]), (figure["name"], set(row) - set(figure["columns"]))
+
+
+def test_smoke_json_records_the_machine_versions_and_the_command(smoke_run) -> None:
+    data, _, _ = smoke_run
+    machine = data["machine"]
+    for key in ("date_utc", "cpu", "cores", "threads", "torch", "optuna", "python", "env", "total_seconds"):
+        assert machine.get(key) not in (None, ""), key
+    assert machine["env"]["MALLOC_MMAP_MAX_"] is not None  # the re-exec set the allocator variables
+    assert data["command"].startswith("python -m benchmarks --smoke")
+
+
+def test_smoke_markdown_has_the_summary_table_and_one_section_per_figure(smoke_run) -> None:
+    data, md, stdout = smoke_run
+    assert "| # | figure | target | result | verdict |" in md
+    for figure in data["figures"]:
+        assert f"## {figure['number']}. {figure['title']}" in md
+        assert "| " + " | ".join(figure["columns"]) + " |" in md
+    assert "Smoke run" in md
+    assert "wrote" in stdout
+
+
+def test_sandwich_pairs_every_contender_with_its_neighbouring_reference_blocks() -> None:
+    calls: list[str] = []
+    ratios = sandwich(lambda: calls.append("R"), {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
+                      rounds=2, warmup=0)
+    assert calls == ["R", "a", "R", "b", "R", "R", "b", "R", "a", "R"]
+    assert set(ratios) == {"a", "b"} and all(r.rounds == 2 and r.median > 0 for r in ratios.values())
+
+
+def test_markdown_renders_a_figure_without_rows() -> None:
+    figure = Figure(number=9, name="x", title="X", target="t", method="m", columns=["a"], passed=None, summary="s")
+    info = {"date_utc": "d", "cpu": "c", "cores": 2, "cores_usable": 2, "threads": 2, "device": "cpu",
+            "python": "3", "torch": "2", "transformers": None, "optuna": "4", "numpy": "1", "env": {}}
+    text = markdown([figure], info, "python -m benchmarks")
+    assert "## 9. X" in text and "report" in text

@@ -1,0 +1,182 @@
+"""``nas search`` and ``nas best`` on the command line: one-line usage errors, the leaderboard, several objectives."""
+
+from __future__ import annotations
+
+import io
+import json
+from statistics import mean
+from types import SimpleNamespace
+
+import optuna
+import pytest
+from optuna.study import StudyDirection
+from optuna.trial import TrialState
+from typer.testing import CliRunner
+
+import runners.device
+from nas.arch import uniform
+from nas.cli import app
+from nas.progress import Progress
+from nas.study import SearchConfig, TrialEvent, make_sampler, run_search, summary
+from search_helpers import SPACE5, TINY, assert_no_repeated_work, counted, load_trials, run_nas, sqlite_url
+from search_spaces.factory import SpaceOptions
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def one_line_error(result) -> str:
+    """The whole of stderr: one line, starting with ``error:``."""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--space", "pyramid"], "unknown space 'pyramid'"),
+    (["--storage", "not a url"], "storage URL 'not a url' is malformed"),
+    (["--storage", "sqlite://"], "names no file"),
+    (["--storage", "sqlite:////no/such/folder/nas.db"], "does not exist"),
+    (["--storage", "postgresql://nas@127.0.0.1:1/nas"], "cannot open storage"),  # nothing listens on port 1
+    (["--storage", "mysql://nas@127.0.0.1/nas"], "needs the Python package 'MySQLdb'"),  # driver not installed
+    (["--trials", "0"], "--trials 0 is invalid"),
+    (["--trials", "-3"], "--trials -3 is invalid"),
+    (["--workers", "0"], "--workers 0 is invalid"),
+    (["--sampler", "cmaes"], "unknown sampler 'cmaes'"),
+    (["--pruner", "asha"], "unknown pruner 'asha'"),
+    (["--objectives", "loss,flops"], "--objectives 'loss,flops' is invalid"),
+    (["--objectives", "params"], "--objectives 'params' is invalid"),
+    (["--objectives", "loss,params", "--sampler", "gp"], "--sampler gp takes a single objective"),
+    (["--preset", "huge"], "unknown preset 'huge'"),
+    (["--tokens", "lots"], "--tokens"),
+    (["--heartbeat", "0"], "--heartbeat 0 is invalid"),
+])
+def test_search_with_a_bad_option_value_prints_one_line_and_exits_2(tmp_path, monkeypatch, args, says):
+    monkeypatch.chdir(tmp_path)
+    result = invoke("search", *TINY, *args)
+    assert result.exit_code == 2, result.output
+    assert says in one_line_error(result)
+    if "--storage" not in args:
+        assert not (tmp_path / "nas.db").exists()  # checked before anything is stored
+
+
+def test_bad_option_exit_status_is_2_from_the_real_command(tmp_path):
+    proc = run_nas("search", "--space", "pyramid", "--trials", "5", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: unknown space")
+    proc = run_nas("search", "--trials", "0", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr == "error: --trials 0 is invalid: give at least 1\n"
+    assert not (tmp_path / "nas.db").exists()
+
+
+# ----------------------------------------------------------------- nas best
+@pytest.fixture(scope="module")
+def small_study(tmp_path_factory, nas_cache):
+    """A space of 3 searched with 4 trials: every member once, then a second seed of the baseline."""
+    storage = sqlite_url(tmp_path_factory.mktemp("best") / "best.db")
+    with pytest.MonkeyPatch.context() as patch:  # one torch thread, as the one_thread fixture
+        patch.setattr(runners.device, "available_cores", lambda: 1)
+        search = run_search(SearchConfig(space=SpaceOptions(space="prism"), preset="tiny", storage=storage, trials=4))
+    return storage, search.config.study_name, load_trials(storage, search.config.study_name)
+
+
+@pytest.mark.slow
+def test_best_json_gives_mean_and_ci_over_seeds_and_gain_over_the_baseline(small_study):
+    storage, name, trials = small_study
+    result = invoke("best", "--study-name", name, "--storage", storage, "--format", "json")
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    assert len(rows) == 3 and [r["rank"] for r in rows] == [1, 2, 3]
+    assert [r["mean_loss"] for r in rows] == sorted(r["mean_loss"] for r in rows)
+    (base,) = [r for r in rows if r["is_baseline"]]
+    base_losses = [t.values[0] for t in counted(trials) if t.user_attrs["role"] in ("baseline", "replicate")]
+    assert base["seeds"] == 2 and base["mean_loss"] == pytest.approx(mean(base_losses))
+    assert base["ci95"] > 0 and base["gain_pct"] == 0 and base["heads"] == "4x4"
+    for r in rows:
+        assert r["params"] > 0 and r["tokens_per_s"] > 0 and r["k"] == 1 and r["layers"] == 4
+        assert r["gain_pct"] == pytest.approx(100 * (base["mean_loss"] - r["mean_loss"]) / base["mean_loss"])
+        if not r["is_baseline"]:
+            assert r["seeds"] == 1 and r["ci95"] is None  # one seed: no interval
+    top1 = json.loads(invoke("best", "--study-name", name, "--storage", storage, "--top", "1",
+                             "--format", "json").stdout)
+    assert top1[0]["rank"] == 1 and any(r["is_baseline"] for r in top1) and len(top1) == (1 if rows[0]["is_baseline"]
+                                                                                          else 2)
+
+
+@pytest.mark.slow
+def test_best_table_lists_every_shape_and_marks_the_baseline(small_study):
+    storage, name, _ = small_study
+    result = invoke("best", "--study-name", name, "--storage", storage)
+    assert result.exit_code == 0, result.output
+    header, *rows = result.stdout.splitlines()
+    for column in ("heads", "seeds", "mean loss", "± ci95", "gain %", "params", "tok/s"):
+        assert column in header
+    assert len(rows) == 3 and sum(row.endswith("(baseline)") for row in rows) == 1
+    # one study in the storage: --study-name may be left out
+    assert invoke("best", "--storage", storage).stdout == result.stdout
+
+
+def test_best_with_a_bad_study_or_format_is_one_line_and_exit_2(tmp_path):
+    storage = sqlite_url(tmp_path / "empty.db")
+    optuna.create_study(storage=storage, study_name="other")
+    result = invoke("best", "--study-name", "nope", "--storage", storage)
+    assert result.exit_code == 2 and "no study 'nope'" in one_line_error(result) and "other" in result.stderr
+    result = invoke("best", "--study-name", "other", "--storage", storage, "--format", "xml")
+    assert result.exit_code == 2 and "--format 'xml'" in one_line_error(result)
+
+
+# ----------------------------------------------------------------- several objectives
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
+def test_several_objectives_default_to_nsga2_and_no_pruning():
+    several = SearchConfig(objectives=("loss", "params"))
+    assert isinstance(make_sampler(several, seed=0), optuna.samplers.NSGAIISampler)
+    assert isinstance(make_sampler(SearchConfig(), seed=0), optuna.samplers.TPESampler)
+
+
+@pytest.mark.slow
+def test_objectives_loss_params_gives_a_two_objective_study_with_a_pareto_front(tmp_path, one_thread):
+    storage = sqlite_url(tmp_path / "pareto.db")
+    result = invoke("search", *SPACE5, *TINY, "--trials", "4", "--objectives", "loss,params", "--storage", storage)
+    assert result.exit_code == 0, result.output
+    (name,) = [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)]
+    study = optuna.load_study(study_name=name, storage=storage)
+    assert study.directions == [StudyDirection.MINIMIZE, StudyDirection.MINIMIZE]
+    trials = study.get_trials(deepcopy=False)
+    assert_no_repeated_work(trials, 4)
+    done = counted(trials)
+    assert all(t.state == TrialState.COMPLETE for t in done)  # Optuna prunes single-objective studies only
+    for t in done:
+        assert t.values == [t.user_attrs["val_loss"], float(t.user_attrs["params"])]
+    front = study.best_trials
+    assert front and all(len(t.values) == 2 for t in front)
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    for f in front:  # nothing dominates a trial on the front
+        assert not any(all(a <= b for a, b in zip(t.values, f.values)) and t.values != f.values for t in complete)
+    for t in complete:  # and every trial off the front is dominated by one on it
+        if t.number not in {f.number for f in front}:
+            assert any(all(a <= b for a, b in zip(f.values, t.values)) for f in front)
+
+
+# ----------------------------------------------------------------- the progress line
+def test_progress_compares_the_best_shapes_mean_over_seeds_with_the_baselines_mean():
+    baseline = uniform(4, 32, 4, 256)
+    other = "L4-d32-h[2,2,4,4]-other"
+
+    def trained(number: int, key: str, seed: int, loss: float, **attrs) -> optuna.trial.FrozenTrial:
+        t = optuna.trial.create_trial(value=loss, user_attrs={"key": key, "seed": seed, "status": "ok",
+                                                              "val_loss": loss, **attrs})
+        t.number = number
+        return t
+
+    trials = [trained(0, baseline.key(), 0, 3.40), trained(1, other, 0, 3.42), trained(2, baseline.key(), 1, 3.50),
+              trained(3, other, 1, 3.44), trained(4, baseline.key(), 0, 3.40, duplicate_of=0)]
+    counted_trials, best, base = summary(SimpleNamespace(baseline=baseline), trials)
+    # the baseline's lucky first seed (3.40) is not the best, nor a gain over the baseline itself
+    assert counted_trials == 4 and best == (1, pytest.approx(3.43)) and base == pytest.approx(3.45)
+
+    stream = io.StringIO()
+    Progress(stream=stream)(TrialEvent(3, "replicate", baseline, 1, "complete", 3.44, 1.5, counted_trials, 10, best,
+                                       base))
+    line = stream.getvalue()
+    assert line.startswith("[ 4/10] #3 replicate h=4x4 ") and "loss 3.4400 (complete, 1.5s)" in line
+    assert "| best 3.4300 #1 (+0.58% vs baseline 3.4500)" in line and "| ETA " in line

@@ -1,0 +1,61 @@
+"""``nas dashboard``: optuna-dashboard on 127.0.0.1 for a study's storage, showing what ``nas search`` stored."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import urllib.request
+
+import pytest
+from typer.testing import CliRunner
+
+from nas.cli import app
+from nas.study import SearchConfig, run_search
+from search_helpers import sqlite_url, start_nas, stop, wait_for
+from search_spaces.factory import SpaceOptions
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        assert response.status == 200
+        return json.load(response)
+
+
+@pytest.mark.slow
+def test_dashboard_serves_the_study_and_its_trial_attrs(tmp_path, one_thread):
+    storage = sqlite_url(tmp_path / "dash.db")
+    run_search(SearchConfig(space=SpaceOptions(space="prism"), preset="tiny", storage=storage, trials=1,
+                            study_name="dash-demo"))
+    port, log = free_port(), tmp_path / "dashboard.log"
+    server = start_nas("dashboard", "--storage", storage, "--port", str(port), cwd=tmp_path, log=log)
+    try:
+        api = f"http://127.0.0.1:{port}/api/studies"
+        studies = wait_for(lambda: get_json(api), 90, "the dashboard's API", process=server, log=log)
+        (summary,) = studies["study_summaries"]
+        assert summary["study_name"] == "dash-demo"
+        detail = get_json(f"{api}/{summary['study_id']}")
+        baseline = detail["trials"][0]
+        attrs = {a["key"]: a["value"] for a in baseline["user_attrs"]}
+        assert attrs["role"] == "baseline" and json.loads(attrs["heads"]) == [4, 4, 4, 4]
+        assert {"val_loss", "params", "flops_per_token", "tokens_per_s", "eval_curve", "seed"} <= set(attrs)
+        assert baseline["state"] == "Complete" and baseline["intermediate_values"]  # the pruner's curve
+    finally:
+        stop(server, signal.SIGTERM)
+    assert f"http://127.0.0.1:{port}/" in log.read_text()  # it says where to look
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--port", "0"], "--port 0 is invalid"),
+    (["--port", "70000"], "--port 70000 is invalid"),
+    (["--storage", "not a url"], "is malformed"),
+])
+def test_dashboard_with_a_bad_option_value_prints_one_line_and_exits_2(tmp_path, args, says):
+    result = CliRunner().invoke(app, ["dashboard", "--storage", sqlite_url(tmp_path / "x.db"), *args])
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1 and says in result.stderr

@@ -1,0 +1,120 @@
+"""Several workers on one study: 4 local processes on the default SQLite storage, 2 on a real PostgreSQL server."""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from optuna.trial import FrozenTrial, TrialState
+
+from nas.records import key_seed
+from runners.presets import get_preset
+from search_helpers import SPACE5, SPACE8, TINY, assert_no_repeated_work, counted, load_trials, run_nas, \
+    sqlite_url, start_nas, stop
+from search_spaces.factory import SpaceOptions, build_space
+
+pytestmark = pytest.mark.slow
+
+
+def overlapping(trials: list[FrozenTrial]) -> bool:
+    """Did at least two trained trials run at the same time?"""
+    spans = sorted((t.datetime_start, t.datetime_complete) for t in counted(trials))
+    return any(later_start < earlier_end for (_, earlier_end), (later_start, _) in zip(spans, spans[1:]))
+
+
+def assert_clean(output: str) -> None:
+    assert "locked" not in output and "Traceback" not in output, output
+
+
+def test_four_local_workers_on_the_default_sqlite_storage(tmp_path):
+    # 5 members, 10 trials: the exhaustive walk and then the replicates, planned by 4 racing workers
+    proc = run_nas("search", *SPACE5, *TINY, "--trials", "10", "--workers", "4", "--study-name", "four",
+                   cwd=tmp_path, cores=None)
+    assert proc.returncode == 0, proc.stderr
+    assert_clean(proc.stderr)
+    assert "holds 10 trained trials" in proc.stderr.splitlines()[-1]
+
+    trials = load_trials(sqlite_url(tmp_path / "nas.db"), "four")
+    assert_no_repeated_work(trials, 10)  # exact count, no (shape, seed) twice, every result stored
+    members = [a.key() for a in build_space(SpaceOptions(space="prism", layers=6), get_preset("tiny").baseline)]
+    assert sorted(key_seed(t) for t in counted(trials) if t.user_attrs["seed"] == 0) == sorted((m, 0) for m in members)
+    assert trials[0].user_attrs["role"] == "baseline"
+    # nothing failed but the trials that stood down when workers raced for the last slots
+    assert not [t.number for t in trials if t.state == TrialState.FAIL and not t.user_attrs.get("surplus")]
+    assert not [t.number for t in trials if t.state == TrialState.WAITING]
+    assert overlapping(trials), "the workers never trained at the same time"
+
+
+# ----------------------------------------------------------------- PostgreSQL
+def _postgres_bin() -> Path | None:
+    found = shutil.which("initdb")
+    if found:
+        return Path(found).parent
+    candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(p.split("/")[-3]))
+    return Path(candidates[-1]).parent if candidates else None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def postgres_url() -> Iterator[str]:
+    """A throw-away PostgreSQL server on a temp dir and a loopback port (run as ``postgres`` when we are root)."""
+    bindir = _postgres_bin()
+    if bindir is None:
+        pytest.skip("PostgreSQL server binaries not found (no initdb on PATH or in /usr/lib/postgresql/*/bin)")
+    as_user: list[str] = []
+    root = Path(tempfile.mkdtemp(prefix="nas-pg-"))  # not pytest's tmp_path: the postgres user must reach it
+    if os.geteuid() == 0:  # initdb refuses to run as root
+        user = pwd.getpwnam("postgres")
+        os.chown(root, user.pw_uid, user.pw_gid)
+        as_user = ["runuser", "-u", "postgres", "--"]
+    data, port = root / "data", _free_port()
+
+    def pg(tool: str, *args: str) -> None:
+        subprocess.run([*as_user, str(bindir / tool), *args], check=True, capture_output=True, timeout=120)
+
+    pg("initdb", "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
+    pg("pg_ctl", "-D", str(data), "-l", str(root / "server.log"), "-w", "-t", "60", "start", "-o",
+       f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=50")
+    try:
+        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        pg("pg_ctl", "-D", str(data), "-m", "immediate", "stop")
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_two_workers_on_two_machines_share_a_postgresql_study(tmp_path, postgres_url):
+    # as on two machines: two separate `nas search` commands, the same study name and storage URL,
+    # started together (both try to create the study); 8 members > 6 trials, so TPE proposes (and repeats)
+    args = ["search", *SPACE8, *TINY, "--trials", "6", "--study-name", "shared", "--storage", postgres_url]
+    logs = [tmp_path / "machine-a.log", tmp_path / "machine-b.log"]
+    workers = [start_nas(*args, cwd=tmp_path, log=log, cores=(core,)) for core, log in enumerate(logs)]
+    try:
+        codes = [w.wait(timeout=400) for w in workers]
+    finally:
+        for w in workers:
+            stop(w)
+    outputs = [log.read_text() for log in logs]
+    assert codes == [0, 0], outputs
+    for output in outputs:
+        assert_clean(output)
+        assert "holds 6 trained trials" in output.splitlines()[-1]
+        assert " (complete, " in output or " (pruned, " in output, "one machine trained nothing"
+
+    trials = load_trials(postgres_url, "shared")
+    assert_no_repeated_work(trials, 6)
+    assert trials[0].user_attrs["role"] == "baseline" and trials[0].state == TrialState.COMPLETE
+    assert not [t.number for t in trials if t.state == TrialState.FAIL and not t.user_attrs.get("surplus")]
+    assert overlapping(trials), "the two machines never trained at the same time"

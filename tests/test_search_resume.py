@@ -1,0 +1,123 @@
+"""Resume: a ``nas search`` killed (SIGKILL) or interrupted (Ctrl-C) mid-trial loses nothing and finishes on re-run."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+from optuna.trial import FrozenTrial, TrialState
+
+from nas.records import counts, key_seed
+from nas.study import SearchConfig, run_search
+from runners.presets import get_preset
+from search_helpers import SPACE3, TINY, assert_no_repeated_work, counted, load_trials, run_nas, sqlite_url, \
+    start_nas, stop, wait_for
+from search_spaces.factory import SpaceOptions, build_space
+
+pytestmark = pytest.mark.slow
+
+TRIALS = 3
+# 16k tokens: a trial lasts a few seconds and reports its validation loss every 1k tokens (16 times)
+SEARCH = ["search", *SPACE3, *TINY, "--tokens", "16k", "--trials", str(TRIALS), "--heartbeat", "1"]
+
+
+MEMBERS = [arch.key() for arch in build_space(SpaceOptions(space="prism"), defaults=get_preset("tiny").baseline)]
+
+
+def search_args(storage: str, study: str) -> list[str]:
+    return [*SEARCH, "--storage", storage, "--study-name", study]
+
+
+def running_mid_trial(storage: str, study: str) -> FrozenTrial | None:
+    """A trial after the baseline that is training right now: it reported some evaluations, not most."""
+    for t in load_trials(storage, study):
+        if t.state == TrialState.RUNNING and t.number >= 1 and "key" in t.user_attrs \
+                and 1 <= len(t.intermediate_values) <= 8:
+            return t
+    return None
+
+
+def retries_of(trials: list[FrozenTrial], number: int) -> list[FrozenTrial]:
+    """Trials Optuna re-queued for trial ``number`` (``RetryHeartbeatStaleTrialCallback``'s mark)."""
+    return [t for t in trials if t.system_attrs.get("failed_trial") == number]
+
+
+def assert_walked_every_member_once(trials: list[FrozenTrial]) -> None:
+    """``--trials`` equals the space's 3 members: each trained once with the first seed, no replicate, no leftovers."""
+    assert sorted(key_seed(t) for t in counted(trials)) == sorted((key, 0) for key in MEMBERS)
+    assert not [t.number for t in trials if t.state in (TrialState.WAITING, TrialState.RUNNING)]
+
+
+def kill_mid_trial(tmp_path, storage: str, study: str) -> FrozenTrial:
+    """Start the search, SIGKILL it while a trial after the baseline trains; that trial as it was then."""
+    log = tmp_path / f"{study}.log"
+    process = start_nas(*search_args(storage, study), cwd=tmp_path, log=log)
+    try:
+        victim = wait_for(lambda: running_mid_trial(storage, study), 240, "a running trial", process=process, log=log)
+    finally:
+        stop(process, signal.SIGKILL)
+    assert load_trials(storage, study)[victim.number].state == TrialState.RUNNING  # nobody could mark it
+    return victim
+
+
+def test_a_search_killed_mid_trial_resumes_to_exactly_the_requested_trials(tmp_path):
+    storage = sqlite_url(tmp_path / "resume.db")
+    victim = kill_mid_trial(tmp_path, storage, "killed")
+    rerun = run_nas(*search_args(storage, "killed"), cwd=tmp_path)
+    assert rerun.returncode == 0, rerun.stderr
+    assert "database is locked" not in rerun.stderr
+    trials = load_trials(storage, "killed")
+    assert_no_repeated_work(trials, TRIALS)  # exactly TRIALS counted, none left RUNNING
+    killed = trials[victim.number]
+    assert killed.state == TrialState.FAIL and not counts(killed)
+    (retry,) = retries_of(trials, victim.number)  # re-queued once, with the same shape and seed, and trained
+    assert key_seed(retry) == key_seed(killed) and counts(retry) and retry.state == TrialState.COMPLETE
+    assert retry.user_attrs["role"] == killed.user_attrs["role"] == "member"
+    assert_walked_every_member_once(trials)
+
+
+def test_a_killed_trial_found_stale_after_the_rerun_planned_more_work_is_still_retried(tmp_path, one_thread):
+    # re-run at once, in this process: the killed trial still looks alive for the 3 s grace period, so the
+    # re-run first trains the next member, then finds the trial stale; its shape must still be trained
+    storage = sqlite_url(tmp_path / "late.db")
+    victim = kill_mid_trial(tmp_path, storage, "late")
+    events = []
+    run_search(SearchConfig(space=SpaceOptions(space="prism"), preset="tiny", storage=storage, study_name="late",
+                            trials=TRIALS, heartbeat_interval=1, train_overrides=(("tokens", 16_000),)),
+               on_event=events.append)
+    trials = load_trials(storage, "late")
+    assert_no_repeated_work(trials, TRIALS)
+    assert_walked_every_member_once(trials)
+    (retry,) = retries_of(trials, victim.number)
+    assert counts(retry) and key_seed(retry) == key_seed(trials[victim.number])
+    assert [e.number for e in events] == [victim.number + 1, retry.number]  # the next member, then the retry
+
+
+def test_ctrl_c_marks_the_running_trial_interrupted_requeues_it_and_exits_130(tmp_path):
+    storage, log = sqlite_url(tmp_path / "ctrl-c.db"), tmp_path / "first.log"
+    process = start_nas(*search_args(storage, "ctrl-c"), cwd=tmp_path, log=log)
+    try:
+        victim = wait_for(lambda: running_mid_trial(storage, "ctrl-c"), 240, "a running trial", process=process,
+                          log=log)
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=60) == 130, log.read_text()
+    finally:
+        stop(process, signal.SIGKILL)
+    assert "interrupted" in log.read_text().splitlines()[-1]
+    assert "Traceback" not in log.read_text()
+
+    trials = load_trials(storage, "ctrl-c")
+    interrupted = trials[victim.number]
+    assert interrupted.state == TrialState.FAIL and interrupted.user_attrs["status"] == "interrupted"
+    assert not counts(interrupted)
+    (requeued,) = retries_of(trials, victim.number)
+    assert requeued.state == TrialState.WAITING and key_seed(requeued) == key_seed(interrupted)
+    assert not [t.number for t in trials if t.state == TrialState.RUNNING]
+    assert sum(counts(t) for t in trials) == victim.number  # everything finished before it is kept
+
+    rerun = run_nas(*search_args(storage, "ctrl-c"), cwd=tmp_path)
+    assert rerun.returncode == 0, rerun.stderr
+    trials = load_trials(storage, "ctrl-c")
+    assert_no_repeated_work(trials, TRIALS)
+    assert counts(trials[requeued.number]) and trials[requeued.number].state == TrialState.COMPLETE
+    assert_walked_every_member_once(trials)
