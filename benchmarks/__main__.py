@@ -69,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         figures.append(figure)
         print(f"      {verdict(figure.passed, figure.smoke)}: {figure.summary} ({figure.seconds:.0f} s)", flush=True)
         threads = set_threads(args.threads)  # a figure that ran the proxy may have changed it
-    info["total_seconds"] = round(time.perf_counter() - started, 1)
-    md, js = write_outputs(args.out, figures, info, command)
+        info["total_seconds"] = round(time.perf_counter() - started, 1)
+        md, js = write_outputs(args.out, figures, info, command)  # after every figure: a long run keeps its results
     print(f"wrote {md} and {js} ({info['total_seconds']:.0f} s)")
     if args.smoke:
         return 0 if all(f.method != "crashed" for f in figures) else 1

@@ -3,7 +3,11 @@
 SQLite serves several local worker processes without "database is locked" because the
 file is switched to write-ahead logging (readers never block the writer; the mode is
 persistent in the file) and every connection waits up to ``SQLITE_BUSY_TIMEOUT_S`` for
-the write lock instead of failing after Python's default 5 s.
+the write lock instead of failing after Python's default 5 s. Every transaction starts
+with ``BEGIN IMMEDIATE``: SQLite ignores ``SELECT ... FOR UPDATE`` and Python's sqlite3
+starts a transaction only at its first write, so Optuna's read-check-write updates (taking
+a queued trial, finishing a trial) would otherwise race, and two workers could both pop
+the same queued trial and train it.
 
 Heartbeats: each running trial records a heartbeat every ``heartbeat_interval`` seconds;
 a trial whose heartbeat is older than ``grace_period`` (its worker was killed) is failed
@@ -68,14 +72,15 @@ def make_storage(url: str = DEFAULT_STORAGE, heartbeat_interval: int = 10,
     engine_kwargs: dict = {}
     if parsed.get_backend_name() == "sqlite":
         _prepare_sqlite(parsed.database)
-        engine_kwargs["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_S}
+        # isolation_level None: sqlite3 emits no BEGIN of its own; _begin_immediately emits ours
+        engine_kwargs["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_S, "isolation_level": None}
     else:
         engine_kwargs["pool_pre_ping"] = True
     try:
         with warnings.catch_warnings():  # heartbeats and retries are "experimental" since Optuna 2.8; we rely on them
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return _rdb_storage(parsed.render_as_string(hide_password=False), engine_kwargs, heartbeat_interval,
-                                grace_period)
+            storage = _rdb_storage(parsed.render_as_string(hide_password=False), engine_kwargs,
+                                   heartbeat_interval, grace_period)
     except ImportError as error:  # Optuna re-raises the driver's ModuleNotFoundError as a bare ImportError
         missing = getattr(error.__cause__, "name", None) or error.name or "its database driver"
         raise UsageError(f"storage URL {url!r} needs the Python package {missing!r}: "
@@ -83,6 +88,14 @@ def make_storage(url: str = DEFAULT_STORAGE, heartbeat_interval: int = 10,
     except sqlalchemy.exc.OperationalError as error:
         first = str(error.orig).strip().splitlines()[0] if error.orig else str(error).splitlines()[0]
         raise UsageError(f"cannot open storage {url!r}: {first}") from None
+    if parsed.get_backend_name() == "sqlite":
+        sqlalchemy.event.listen(storage.engine, "begin", _begin_immediately)
+    return storage
+
+
+def _begin_immediately(connection: sqlalchemy.Connection) -> None:
+    """Take SQLite's write lock when a transaction starts, so that what it read stays true until it commits."""
+    connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def _rdb_storage(url: str, engine_kwargs: dict, heartbeat_interval: int,

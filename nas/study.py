@@ -22,6 +22,7 @@ import hashlib
 import json
 import math
 import multiprocessing
+import queue as queue_module
 import time
 import warnings
 from collections import defaultdict
@@ -295,14 +296,19 @@ def plan_replicate(search: Search, trials: list[FrozenTrial], visited: set[tuple
 
 # ----------------------------------------------------------------- one trial
 def _find_original(search: Search, key: str, seed: int, number: int, heartbeat: Heartbeat) -> FrozenTrial | None:
-    """An earlier trial of the same (shape, seed) that counts; waits while a lower-numbered one is running."""
+    """An earlier trial of the same (shape, seed) that counts; waits while a lower-numbered one may still train it.
+
+    The lowest-numbered trial of a (shape, seed) trains it and the others wait for its result. A lower-numbered
+    trial that has no shape yet (just handed out by ``ask`` to another worker) may be about to take this one,
+    so it is waited for too: every trial records its shape before it gets here, so the wait is short.
+    """
     while True:
-        same = [t for t in search.study.get_trials(deepcopy=False)
-                if t.number != number and key_seed(t) == (key, seed) and not is_duplicate(t)]
+        trials = search.study.get_trials(deepcopy=False)
+        same = [t for t in trials if t.number != number and key_seed(t) == (key, seed) and not is_duplicate(t)]
         done = [t for t in same if counts(t)]
         if done:
             return min(done, key=lambda t: t.number)
-        if not any(in_flight(t) and t.number < number for t in same):
+        if not any(in_flight(t) and t.number < number and key_seed(t) in (None, (key, seed)) for t in trials):
             return None
         _fail_stale(search.study)
         time.sleep(POLL_S)
@@ -467,12 +473,14 @@ def run_worker(search: Search, on_event: Callable[[TrialEvent], None] | None = N
             except UsageError:
                 study.tell(trial, state=TrialState.FAIL)
                 raise
+            except optuna.exceptions.UpdateFinishedTrialError:  # this process starved: its heartbeat went stale,
+                state = "stale"  # so another worker failed and re-queued the trial; nothing to record here
             except Exception as error:  # noqa: BLE001 - recorded, and the study goes on
                 reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:500]
                 trial.set_user_attr("status", "error")
                 trial.set_user_attr("reason", reason)
                 study.tell(trial, state=TrialState.FAIL)
-        trained += state not in ("duplicate", "error")
+        trained += state not in ("duplicate", "error", "stale")
         duplicate_streak = duplicate_streak + 1 if state == "duplicate" else 0
         error_streak = error_streak + 1 if state == "error" else 0
         if on_event is not None:
@@ -502,6 +510,9 @@ def _worker_main(config: SearchConfig, worker: int, queue: Any) -> None:
         queue.put(("interrupted", worker, None))
     except (UsageError, SearchAborted) as error:
         queue.put(("error", worker, str(error)))
+    except Exception as error:  # noqa: BLE001 - the parent must hear of it, or it waits for this worker forever
+        queue.put(("error", worker, f"{type(error).__name__}: {error}"))
+        raise
 
 
 def run_search(config: SearchConfig, on_event: Callable[[TrialEvent], None] | None = None,
@@ -520,14 +531,22 @@ def run_search(config: SearchConfig, on_event: Callable[[TrialEvent], None] | No
                  for w in range(config.workers)]
     for p in processes:
         p.start()
-    errors, running = [], len(processes)
+    errors, finished = [], set()
     try:
-        while running:
-            kind, worker, payload = queue.get()
+        while len(finished) < len(processes):
+            try:
+                kind, worker, payload = queue.get(timeout=POLL_S)
+            except queue_module.Empty:  # everything sent has been read: a worker that is gone now was killed
+                for worker, p in enumerate(processes):
+                    if worker not in finished and not p.is_alive():
+                        finished.add(worker)
+                        errors.append(f"worker {worker} died (exit code {p.exitcode}); its trial is re-queued "
+                                      "once its heartbeat is stale")
+                continue
             if kind == "event" and on_event is not None:
                 on_event(payload)
             elif kind in ("done", "interrupted", "error"):
-                running -= 1
+                finished.add(worker)
                 if kind == "error":
                     errors.append(f"worker {worker}: {payload}")
     finally:

@@ -114,3 +114,23 @@ def wait_for(condition: Callable[[], object], timeout: float, what: str, poll: f
                                  + (log.read_text() if log else ""))
         time.sleep(poll)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}" + (f":\n{log.read_text()}" if log else ""))
+
+
+def pop_queued_trials(url: str, study_name: str, asks: int, out: str, start_at: float) -> None:
+    """A worker process for the queue race: ``asks`` times ``study.ask()`` from ``start_at`` on, numbers to ``out``."""
+    import json
+
+    from nas.storage import make_storage
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.load_study(study_name=study_name, storage=make_storage(url))
+    while time.time() < start_at:  # all workers ask at once
+        time.sleep(0.001)
+    numbers = [study.ask().number for _ in range(asks)]
+    Path(out).write_text(json.dumps(numbers))
+
+
+def child_pids(pid: int) -> list[int]:
+    """The worker processes ``multiprocessing`` spawned for ``pid`` (not its resource tracker)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [int(c) for c in children if "spawn_main" in Path(f"/proc/{c}/cmdline").read_text()]

@@ -3,22 +3,28 @@
 from __future__ import annotations
 
 import glob
+import json
+import multiprocessing
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import optuna
 import pytest
 from optuna.trial import FrozenTrial, TrialState
 
-from nas.records import key_seed
+from nas.records import counts, key_seed
+from nas.storage import make_storage
 from runners.presets import get_preset
-from search_helpers import SPACE5, SPACE8, TINY, assert_no_repeated_work, counted, load_trials, run_nas, \
-    sqlite_url, start_nas, stop
+from search_helpers import SPACE5, SPACE8, TINY, assert_no_repeated_work, child_pids, counted, load_trials, \
+    pop_queued_trials, run_nas, sqlite_url, start_nas, stop, wait_for
 from search_spaces.factory import SpaceOptions, build_space
 
 pytestmark = pytest.mark.slow
@@ -32,6 +38,24 @@ def overlapping(trials: list[FrozenTrial]) -> bool:
 
 def assert_clean(output: str) -> None:
     assert "locked" not in output and "Traceback" not in output, output
+
+
+def test_a_queued_trial_goes_to_exactly_one_of_four_racing_sqlite_workers(tmp_path):
+    # SQLite ignores SELECT ... FOR UPDATE: without BEGIN IMMEDIATE two workers pop the same trial and train it
+    url = sqlite_url(tmp_path / "queue.db")
+    study = optuna.create_study(storage=make_storage(url), study_name="queue")
+    for x in range(40):
+        study.enqueue_trial({"x": x})
+    context, start_at = multiprocessing.get_context("spawn"), time.time() + 5
+    outs = [tmp_path / f"worker-{w}.json" for w in range(4)]
+    workers = [context.Process(target=pop_queued_trials, args=(url, "queue", 10, str(out), start_at)) for out in outs]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=120)
+    assert [w.exitcode for w in workers] == [0, 0, 0, 0]
+    popped = sorted(n for out in outs for n in json.loads(out.read_text()))
+    assert popped == list(range(40)), "a queued trial was handed to two workers"
 
 
 def test_four_local_workers_on_the_default_sqlite_storage(tmp_path):
@@ -118,3 +142,31 @@ def test_two_workers_on_two_machines_share_a_postgresql_study(tmp_path, postgres
     assert trials[0].user_attrs["role"] == "baseline" and trials[0].state == TrialState.COMPLETE
     assert not [t.number for t in trials if t.state == TrialState.FAIL and not t.user_attrs.get("surplus")]
     assert overlapping(trials), "the two machines never trained at the same time"
+
+
+def test_a_killed_worker_does_not_hang_the_search_and_its_trial_is_retried(tmp_path):
+    # one of two local workers is SIGKILLed mid-trial: the other finishes the study (failing and re-queuing the
+    # killed trial once its heartbeat is 3 s old), and the command says so instead of waiting for the dead one
+    storage, log = sqlite_url(tmp_path / "kill.db"), tmp_path / "search.log"
+    process = start_nas("search", *SPACE5, *TINY, "--tokens", "16k", "--trials", "5", "--workers", "2",
+                        "--heartbeat", "1", "--storage", storage, "--study-name", "kill", cwd=tmp_path, log=log,
+                        cores=None)
+    try:
+        def two_running() -> list[FrozenTrial]:
+            running = [t for t in load_trials(storage, "kill") if t.state == TrialState.RUNNING
+                       and 1 <= len(t.intermediate_values) <= 8]
+            return running if len(running) == 2 else []
+
+        wait_for(two_running, 240, "two trials training at once", process=process, log=log)
+        os.kill(child_pids(process.pid)[0], signal.SIGKILL)
+        code = process.wait(timeout=300)
+    finally:
+        stop(process)
+    output = log.read_text()
+    assert code == 1 and output.splitlines()[-1].startswith("error: search stopped: worker "), output
+    assert "died" in output.splitlines()[-1]
+    trials = load_trials(storage, "kill")
+    assert_no_repeated_work(trials, 5)
+    (killed,) = [t for t in trials if t.state == TrialState.FAIL and not t.user_attrs.get("surplus")]
+    (retry,) = [t for t in trials if t.system_attrs.get("failed_trial") == killed.number]
+    assert counts(retry) and key_seed(retry) == key_seed(killed)
