@@ -290,7 +290,8 @@ def markdown(figures: list[Figure], info: dict[str, Any], command: str) -> str:
                  f"at end {info.get('load_avg_end')}")
     lines += ["", "| # | figure | target | result | verdict |", "|---|---|---|---|---|"]
     for f in figures:
-        lines.append(f"| {f.number} | {f.title} | {_cell(f.target)} | {_cell(f.summary)} | {verdict(f.passed, f.smoke)} |")
+        lines.append(f"| {f.number} | {f.title} | {_cell(f.target)} | {_cell(f.summary)} "
+                     f"| {verdict(f.passed, f.smoke)} |")
     for f in figures:
         lines += ["", f"## {f.number}. {f.title}", "", f"Target: {f.target}. Result: {f.summary} "
                   f"(**{verdict(f.passed, f.smoke)}**, {f.seconds:.0f} s).", "", f"Method: {f.method}", ""]

@@ -39,23 +39,32 @@ def run(cfg: BenchConfig) -> Figure:
         return training_step(Transformer(arch), ours_loss, batch, cfg.device, cfg.dtype, steps)
 
     baseline = space.baseline()
-    ratios = sandwich(step_of(baseline), {f"K={k}": step_of(a) for k, a in shapes.items()}, rounds, cfg.device)
     tokens = steps * train.batch_size * train.seq_len
     rows = []
-    for k, arch in shapes.items():
-        r = ratios[f"K={k}"]
-        rows.append({"K": k, "d_h": arch.ffn.hidden, "params": arch.n_params()["total"],
-                     "baseline params": baseline.n_params()["total"], "budget deviation": f"{space.deviation(arch):+.3%}",
-                     "tokens/s": tokens / r.seconds, "K=1 tokens/s": tokens / r.ref_seconds,
-                     "ratio": r.median, "IQR": r.spread()})
+    # 1 thread as well: the stack's many small ops pay the 2-thread fork/join on every op
+    for threads in dict.fromkeys((cfg.threads, 1)):
+        torch.set_num_threads(threads)
+        ratios = sandwich(step_of(baseline), {f"K={k}": step_of(a) for k, a in shapes.items()}, rounds, cfg.device)
+        for k, arch in shapes.items():
+            r = ratios[f"K={k}"]
+            rows.append({"threads": threads, "K": k, "d_h": arch.ffn.hidden, "params": arch.n_params()["total"],
+                         "baseline params": baseline.n_params()["total"],
+                         "budget deviation": f"{space.deviation(arch):+.3%}",
+                         "tokens/s": tokens / r.seconds, "K=1 tokens/s": tokens / r.ref_seconds,
+                         "ratio": r.median, "IQR": r.spread()})
+    torch.set_num_threads(cfg.threads)
     return Figure(
         number=3, name="hourglass_cost", title="Hourglass cost: K-deep FFN stacks vs conventional FFN",
         target="report (make the cost visible)",
         method=(f"default proxy shape L{base.n_layers} d{base.d_model} h{base.heads[0]}, conventional FFN "
                 f"d_ff={baseline.ffn.hidden}; hourglass shapes from HourglassSpace(fix='attention') at the same "
                 f"parameter budget; B{train.batch_size} T{train.seq_len}, {cfg.dtype}; blocks of {steps} training "
-                f"steps interleaved with the K=1 baseline ({rounds} rounds), ratio = K=1 time / K time"),
-        columns=["K", "d_h", "params", "baseline params", "budget deviation", "tokens/s", "K=1 tokens/s", "ratio", "IQR"],
+                f"steps interleaved with the K=1 baseline ({rounds} rounds), ratio = K=1 time / K time; with all "
+                f"threads, then with 1"),
+        columns=["threads", "K", "d_h", "params", "baseline params", "budget deviation", "tokens/s", "K=1 tokens/s",
+                 "ratio", "IQR"],
         rows=rows, passed=None,
-        summary=", ".join(f"K={row['K']} {row['ratio']:.2f}x" for row in rows),
+        summary="; ".join(f"{t} thread{'s' * (t > 1)}: " + ", ".join(f"K={r['K']} {r['ratio']:.2f}x" for r in rows
+                                                                    if r["threads"] == t)
+                          for t in dict.fromkeys(r["threads"] for r in rows)),
         seconds=time.perf_counter() - started, smoke=cfg.smoke)

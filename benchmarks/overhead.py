@@ -140,7 +140,8 @@ def run(cfg: BenchConfig) -> Figure:
     rows = [{"setup": label, "piece": piece, "seconds": seconds, "share of trial": seconds / wall}
             for piece, seconds in pieces.items()]
     overhead = wall - trial["train_s"]
-    rows.append({"setup": label, "piece": "**total fixed cost**", "seconds": overhead, "share of trial": overhead / wall})
+    rows.append({"setup": label, "piece": "**total fixed cost**", "seconds": overhead,
+                 "share of trial": overhead / wall})
     rows.append({"setup": "once per worker", "piece": "data load (builtin, cached; not per trial)", "seconds": load_s,
                  "share of trial": float("nan")})
     fraction = overhead / wall

@@ -47,7 +47,8 @@ def run(cfg: BenchConfig) -> Figure:
     rows = []
     for arch, kind in schedules:
         r = ratios[format_plateaus(arch.heads)]
-        rows.append({"schedule": format_plateaus(arch.heads), "head dims": ",".join(map(str, sorted(set(arch.head_dims())))),
+        rows.append({"schedule": format_plateaus(arch.heads),
+                     "head dims": ",".join(map(str, sorted(set(arch.head_dims())))),
                      "kind": kind, "tokens/s": tokens / r.seconds, "uniform tokens/s": tokens / r.ref_seconds,
                      "ratio": r.median, "IQR": r.spread()})
     worst = min(rows, key=lambda row: row["ratio"])

@@ -9,9 +9,12 @@ With uniform heads and ``K = 1`` this is exactly HF ``LlamaForCausalLM`` (same R
 ``rotate_half`` convention, same RMSNorm), so weights map one to one (tests check logits).
 
 The forward path has no per-head Python loop: a layer's head count only changes a
-``view``, so a Prism schedule costs what the uniform one costs. Fusions: W_Q, W_K, W_V are
-one ``d -> 3d`` matmul; gate and up are one ``d -> 2 d_h`` matmul; RoPE rotates Q and K
-in one op from a cached table per head dim; RMSNorm is ``F.rms_norm``.
+``view``, so a Prism schedule costs what the uniform one costs. Speed (measured in
+``benchmarks/``, figure 2): W_Q, W_K, W_V are one ``d -> 3d`` matmul and gate, up one
+``d -> 2 d_h`` matmul; splitting q, k, v and rotating q, k is one autograd node
+(``_RotaryQKV``: no temporaries, one gradient buffer); on CPU, narrow heads (d_head <= 12,
+the default proxy's is 8) use ``_NarrowHeadAttention`` instead of SDPA's flash kernel, which
+is 1.3x slower there; RMSNorm is ``F.rms_norm``. All paths match HF within float rounding.
 """
 
 from __future__ import annotations
@@ -128,11 +131,14 @@ class _NarrowHeadAttention(torch.autograd.Function):
     """Exact causal attention by batched matmuls, for the narrow heads where CPU flash attention is slow.
 
     Inputs (N, T, Dh) with N = B H; returns the output transposed, (N, Dh, T). At Dh <= 12 the
-    cost is the (T, T) score tensors, not FLOPs, so: (1) queries are cut into blocks and block
-    ``[r0, r1)`` only scores keys ``< r1``, skipping most of the masked upper triangle (4 blocks
-    compute 10/16 of it); (2) softmax and its backward run in place; (3) the 1/sqrt(Dh) scale is
-    applied to Q, not to the scores; (4) every product that would be only Dh columns wide
-    (P V, dV, dQ, dK) is computed transposed, (N, Dh, T), which MKL runs several times faster.
+    cost is the (T, T) score tensors, not FLOPs, so:
+
+    1. queries are cut into blocks and block ``[r0, r1)`` only scores keys ``< r1``, which skips
+       most of the masked upper triangle (with 4 blocks, 10/16 of the T x T scores are computed);
+    2. softmax and its backward run in place on each block's scores;
+    3. the 1/sqrt(Dh) scale is applied to Q (N T Dh values), not to the scores (N T^2);
+    4. every product that would be only Dh columns wide (P V, dV, dQ, dK) is computed
+       transposed, (N, Dh, T), which MKL runs several times faster at Dh = 8.
     """
 
     @staticmethod

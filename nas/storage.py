@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import importlib.util
 import sqlite3
+from contextlib import closing
+import time
 import warnings
 from pathlib import Path
 
@@ -31,6 +33,7 @@ from nas.errors import UsageError
 DEFAULT_STORAGE = "sqlite:///nas.db"
 SQLITE_BUSY_TIMEOUT_S = 600
 MAX_RETRIES = 3  # a shape whose worker dies this many times is left failed
+CREATE_ATTEMPTS = 5  # opening a fresh database: tries while other workers race to create its tables
 
 
 def parse_url(url: str) -> sqlalchemy.URL:
@@ -61,8 +64,18 @@ def _prepare_sqlite(path: str) -> None:
     file = Path(path)
     if file.parent and not file.parent.exists():
         raise UsageError(f"storage folder {str(file.parent)!r} does not exist")
-    with sqlite3.connect(file, timeout=SQLITE_BUSY_TIMEOUT_S) as connection:
-        connection.execute("PRAGMA journal_mode=WAL")
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
+    while True:
+        try:
+            with closing(sqlite3.connect(file, timeout=SQLITE_BUSY_TIMEOUT_S)) as connection:
+                connection.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as error:
+            # switching a fresh file to WAL needs it to itself, and SQLite answers "locked" at once instead
+            # of waiting: another worker is opening it right now
+            if "locked" not in str(error) or time.monotonic() > deadline:
+                raise UsageError(f"cannot open storage file {path!r}: {error}") from None
+            time.sleep(0.05)
 
 
 def make_storage(url: str = DEFAULT_STORAGE, heartbeat_interval: int = 10,
@@ -77,15 +90,13 @@ def make_storage(url: str = DEFAULT_STORAGE, heartbeat_interval: int = 10,
     else:
         engine_kwargs["pool_pre_ping"] = True
     try:
-        with warnings.catch_warnings():  # heartbeats and retries are "experimental" since Optuna 2.8; we rely on them
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            storage = _rdb_storage(parsed.render_as_string(hide_password=False), engine_kwargs,
-                                   heartbeat_interval, grace_period)
+        storage = _first_worker_safe(parsed.render_as_string(hide_password=False), engine_kwargs,
+                                     heartbeat_interval, grace_period)
     except ImportError as error:  # Optuna re-raises the driver's ModuleNotFoundError as a bare ImportError
         missing = getattr(error.__cause__, "name", None) or error.name or "its database driver"
         raise UsageError(f"storage URL {url!r} needs the Python package {missing!r}: "
                          "pip install 'prism-nas[postgres]' for PostgreSQL") from None
-    except sqlalchemy.exc.OperationalError as error:
+    except sqlalchemy.exc.DBAPIError as error:  # cannot connect, no permission...
         first = str(error.orig).strip().splitlines()[0] if error.orig else str(error).splitlines()[0]
         raise UsageError(f"cannot open storage {url!r}: {first}") from None
     if parsed.get_backend_name() == "sqlite":
@@ -96,6 +107,24 @@ def make_storage(url: str = DEFAULT_STORAGE, heartbeat_interval: int = 10,
 def _begin_immediately(connection: sqlalchemy.Connection) -> None:
     """Take SQLite's write lock when a transaction starts, so that what it read stays true until it commits."""
     connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _first_worker_safe(url: str, engine_kwargs: dict, heartbeat_interval: int,
+                       grace_period: int | None) -> optuna.storages.RDBStorage:
+    """Open the storage; when workers on several machines start together on a fresh database, all but one lose
+    the race to create Optuna's tables ("relation ... already exists"): they retry and find the tables made."""
+    for attempt in range(1, CREATE_ATTEMPTS + 1):
+        try:
+            with warnings.catch_warnings():  # heartbeats and retries are "experimental" since Optuna 2.8
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return _rdb_storage(url, engine_kwargs, heartbeat_interval, grace_period)
+        except sqlalchemy.exc.DBAPIError as error:
+            # "relation/table ... already exists", or a unique key violated creating a type or the version row
+            lost_race = isinstance(error, sqlalchemy.exc.IntegrityError) or "already exists" in str(error.orig)
+            if not lost_race or attempt == CREATE_ATTEMPTS:
+                raise
+            time.sleep(0.5 * attempt)
+    raise AssertionError("unreachable")
 
 
 def _rdb_storage(url: str, engine_kwargs: dict, heartbeat_interval: int,

@@ -116,7 +116,7 @@ def wait_for(condition: Callable[[], object], timeout: float, what: str, poll: f
     raise AssertionError(f"timed out after {timeout}s waiting for {what}" + (f":\n{log.read_text()}" if log else ""))
 
 
-def pop_queued_trials(url: str, study_name: str, asks: int, out: str, start_at: float) -> None:
+def pop_queued_trials(url: str, study_name: str, asks: int, start_at: float, out: str) -> None:
     """A worker process for the queue race: ``asks`` times ``study.ask()`` from ``start_at`` on, numbers to ``out``."""
     import json
 
@@ -134,3 +134,17 @@ def child_pids(pid: int) -> list[int]:
     """The worker processes ``multiprocessing`` spawned for ``pid`` (not its resource tracker)."""
     children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     return [int(c) for c in children if "spawn_main" in Path(f"/proc/{c}/cmdline").read_text()]
+
+
+def open_storage_at(url: str, start_at: float, out: str) -> None:
+    """A worker process for the first-start race: open ``url`` at ``start_at``; "ok" or the one-line error to ``out``."""
+    from nas.errors import UsageError
+    from nas.storage import make_storage
+
+    while time.time() < start_at:
+        time.sleep(0.001)
+    try:
+        make_storage(url)
+        Path(out).write_text("ok")
+    except UsageError as error:
+        Path(out).write_text(str(error))

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from nas.cli import app
 from nas.errors import UsageError
-from nas.records import counts, key_seed
+from nas.records import counts
 from nas.study import SearchConfig, run_search
 from runners.presets import get_preset
 from search_helpers import SPACE5, TINY, assert_no_repeated_work, counted, load_trials, run_nas, sqlite_url
