@@ -371,6 +371,18 @@ def _requeue(study: optuna.Study, number: int) -> None:
     optuna.storages.RetryHeartbeatStaleTrialCallback()(study, replace_user_attrs(frozen, attrs))
 
 
+def _mark_interrupted(study: optuna.Study, trial: optuna.Trial) -> None:
+    """Fail the trial as interrupted and re-queue its shape and seed (a trial told just before Ctrl-C stays as told)."""
+    try:
+        trial.set_user_attr("status", "interrupted")
+        trial.set_user_attr("reason", "interrupted by the user (Ctrl-C); re-queued")
+        study.tell(trial, state=TrialState.FAIL)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return
+    if "key" in trial.user_attrs:
+        _requeue(study, trial.number)
+
+
 def replace_user_attrs(trial: FrozenTrial, user_attrs: dict[str, Any]) -> FrozenTrial:
     copy = optuna.trial.create_trial(state=TrialState.FAIL, params=trial.params, distributions=trial.distributions,
                                      user_attrs=user_attrs, system_attrs=trial.system_attrs)
@@ -464,22 +476,19 @@ def run_worker(search: Search, on_event: Callable[[TrialEvent], None] | None = N
                     continue
                 state, arch, seed, role, loss = run_trial(search, trial, heartbeat, plan, sampler)
             except KeyboardInterrupt:
-                trial.set_user_attr("status", "interrupted")
-                trial.set_user_attr("reason", "interrupted by the user (Ctrl-C); re-queued")
-                study.tell(trial, state=TrialState.FAIL)
-                if "key" in trial.user_attrs:
-                    _requeue(study, trial.number)
+                _mark_interrupted(study, trial)
                 raise
             except UsageError:
                 study.tell(trial, state=TrialState.FAIL)
                 raise
-            except optuna.exceptions.UpdateFinishedTrialError:  # this process starved: its heartbeat went stale,
-                state = "stale"  # so another worker failed and re-queued the trial; nothing to record here
             except Exception as error:  # noqa: BLE001 - recorded, and the study goes on
                 reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:500]
-                trial.set_user_attr("status", "error")
-                trial.set_user_attr("reason", reason)
-                study.tell(trial, state=TrialState.FAIL)
+                try:
+                    trial.set_user_attr("status", "error")
+                    trial.set_user_attr("reason", reason)
+                    study.tell(trial, state=TrialState.FAIL)
+                except optuna.exceptions.UpdateFinishedTrialError:  # this process starved, its heartbeat went
+                    state, reason = "stale", None  # stale: another worker failed and re-queued the trial
         trained += state not in ("duplicate", "error", "stale")
         duplicate_streak = duplicate_streak + 1 if state == "duplicate" else 0
         error_streak = error_streak + 1 if state == "error" else 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 
+import optuna
 import pytest
 from optuna.trial import FrozenTrial, TrialState
 
@@ -121,3 +122,34 @@ def test_ctrl_c_marks_the_running_trial_interrupted_requeues_it_and_exits_130(tm
     assert_no_repeated_work(trials, TRIALS)
     assert counts(trials[requeued.number]) and trials[requeued.number].state == TrialState.COMPLETE
     assert_walked_every_member_once(trials)
+
+
+def test_a_worker_whose_trial_was_failed_as_stale_meanwhile_goes_on(tmp_path, one_thread, monkeypatch):
+    # a starved worker's heartbeat went stale: another worker failed its trial and re-queued it while it trained;
+    # writing the result then fails, and the worker must go on (the retry trains the shape), not crash
+    import nas.study
+
+    storage = sqlite_url(tmp_path / "starved.db")
+    train = nas.study.run_proxy
+    lost: list[int] = []
+
+    def train_while_another_worker_fails_the_trial(*args, **kwargs):
+        result = train(*args, **kwargs)
+        if not lost:
+            study = optuna.load_study(study_name="starved", storage=storage)
+            (running,) = [t for t in study.get_trials() if t.state == TrialState.RUNNING and t.number > 0]
+            study._storage.set_trial_state_values(running._trial_id, TrialState.FAIL)
+            optuna.storages.RetryHeartbeatStaleTrialCallback()(study, study._storage.get_trial(running._trial_id))
+            lost.append(running.number)
+        return result
+
+    monkeypatch.setattr(nas.study, "run_proxy", train_while_another_worker_fails_the_trial)
+    events = []
+    run_search(SearchConfig(space=SpaceOptions(space="prism"), preset="tiny", storage=storage, study_name="starved",
+                            trials=TRIALS), on_event=events.append)
+    trials = load_trials(storage, "starved")
+    assert_no_repeated_work(trials, TRIALS)
+    assert_walked_every_member_once(trials)
+    assert [e.state for e in events if e.number == lost[0]] == ["stale"]
+    (retry,) = retries_of(trials, lost[0])
+    assert counts(retry) and key_seed(retry) == key_seed(trials[lost[0]])
