@@ -21,7 +21,6 @@ TINY = ["--preset", "tiny"]
 # the tiny preset's baseline (L4 d32 h4) gives a prism space of 3 members; six layers give 5
 SPACE3 = ["--space", "prism"]
 SPACE5 = ["--space", "prism", "--layers", "6"]
-SPACE8 = ["--space", "prism", "--layers", "8"]
 
 
 def sqlite_url(path: Path) -> str:

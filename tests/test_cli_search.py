@@ -62,8 +62,6 @@ def test_search_with_a_bad_option_value_prints_one_line_and_exits_2(tmp_path, mo
 
 
 def test_bad_option_exit_status_is_2_from_the_real_command(tmp_path):
-    proc = run_nas("search", "--space", "pyramid", "--trials", "5", cwd=tmp_path)
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: unknown space")
     proc = run_nas("search", "--trials", "0", cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr == "error: --trials 0 is invalid: give at least 1\n"
     assert not (tmp_path / "nas.db").exists()

@@ -98,7 +98,7 @@ def test_rerunning_the_same_search_continues_it_to_the_requested_trials(tmp_path
 
 
 def test_space_of_5_with_12_trials_trains_each_member_once_then_seed_replicates(tmp_path):
-    proc = run_nas("search", *SPACE5, *TINY, "--trials", "12", cwd=tmp_path)
+    proc = run_nas("search", *SPACE5, *TINY, "--tokens", "2k", "--trials", "12", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "nas.db").is_file()  # the default storage, in the working directory
     name = re.search(r"study '([^']+)'", proc.stderr).group(1)
