@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import importlib.util
 import sqlite3
-from contextlib import closing
 import time
 import warnings
+from contextlib import closing
 from pathlib import Path
 
 import optuna
