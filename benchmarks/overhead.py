@@ -3,7 +3,7 @@
 One real default trial (``runners.proxy.run``, preset ``cpu``, baseline shape, builtin data)
 gives the training time and the run's wall time; its pieces are re-timed one by one on the
 same model and data (model build, validation batches, the intermediate evaluations on the
-short pruning slice, the final evaluation, attention distance). The study's own cost per trial
+short pruning slice, the final evaluation, which also measures the attention distance). The study's own cost per trial
 (sampler proposal, de-duplication lookups, heartbeat, storage writes of every attribute and
 intermediate value in a SQLite study) is measured by running a default ``nas.study.run_search``
 (prism space, 200 trials, TPE, median pruner) for 40 trials with the training replaced by a
@@ -40,8 +40,7 @@ def trial_pieces(arch, train, data, reps: int) -> dict[str, float]:
 
     from nas.data import validation_batches
     from nas.model import Transformer
-    from runners.attention_distance import layer_attention_distances
-    from runners.proxy import build_optimizer, evaluate, run
+    from runners.proxy import build_optimizer, evaluate, final_evaluation, run
 
     device = torch.device("cpu")
     run(arch, train.with_(tokens=2 * train.tokens_per_step), data)  # warm-up: a search worker runs many trials
@@ -56,12 +55,10 @@ def trial_pieces(arch, train, data, reps: int) -> dict[str, float]:
             lambda: validation_batches(data.val, train.batch_size, train.seq_len, train.eval_tokens), reps),
         f"intermediate evaluations ({n_mid} x {len(val[:n_prune]) * train.tokens_per_step} tokens)":
             n_mid * _median_time(lambda: evaluate(model, val[:n_prune], device, train.dtype), reps),
-        f"final evaluation ({len(val) * train.tokens_per_step} tokens)":
-            _median_time(lambda: evaluate(model, val, device, train.dtype), reps),
+        f"final evaluation ({len(val) * train.tokens_per_step} tokens) with attention distance "
+        f"({train.attention_batches} batch)":
+            _median_time(lambda: final_evaluation(model, val, train.attention_batches, device, train.dtype), reps),
     }
-    if train.attention_batches:
-        inputs = [x for x, _ in val[: train.attention_batches]]
-        pieces["attention distance"] = _median_time(lambda: layer_attention_distances(model.eval(), inputs), reps)
     measured = sum(pieces.values())
     pieces["batch sampling, loop, rest"] = max(0.0, result.wall_time_s - result.train_time_s - measured)
     return {"result": result, "train_s": result.train_time_s, "wall_s": result.wall_time_s, "pieces": pieces}

@@ -20,9 +20,8 @@
   shards; several shards of one split are viewed end to end without copying (``ConcatTokens``).
 
 Batches: ``BatchSampler`` draws random contiguous windows of the training split from its own
-``numpy.random.Generator(seed)``; ``validation_batches`` cuts the same ordered windows from
-the start of the validation split every time, so every trial of a study is scored on the
-same tokens.
+``numpy.random.Generator(seed)``; ``validation_batches`` cuts the same ordered windows, spread evenly over
+the whole validation split, every time, so every trial of a study is scored on the same tokens.
 """
 
 from __future__ import annotations
@@ -180,10 +179,15 @@ class BatchSampler:
 def validation_batches(
     tokens: np.ndarray, batch_size: int, seq_len: int, n_tokens: int
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Fixed, ordered, non-overlapping windows from the start of the validation split.
+    """Fixed, ordered, non-overlapping windows spread evenly over the whole validation split.
 
-    Covers ``n_tokens`` rounded down to whole batches of ``B*T`` (at least one batch, at
-    most what the split holds); window ``i`` is ``tokens[i*T : i*T + T + 1]``.
+    ``n_tokens`` is rounded down to ``n`` whole batches of ``B*T`` (at least one, at most what
+    the split holds). The split is cut into ``S = (len - 1) // T`` aligned slots and the
+    ``W = n*B`` windows take slots ``floor(i*S/W)``, ``i = 0..W-1``: a few thousand tokens then
+    sample every part of the split (every file of a text corpus) instead of its first file.
+    Windows are dealt to batches round-robin (batch ``b`` holds windows ``b, b+n, b+2n, ...``),
+    so any prefix of the batches (the cheap pruning evaluations) is itself spread over the split.
+    Window ``i`` is ``x = tokens[s_i : s_i + T]``, ``y = tokens[s_i + 1 : s_i + T + 1]``.
     """
     need = _need(batch_size, seq_len)
     if len(tokens) < need:
@@ -191,7 +195,8 @@ def validation_batches(
             f"the validation split has {len(tokens)} tokens; one batch of {batch_size}x{seq_len} needs {need}"
         )
     per_batch = batch_size * seq_len
-    n_batches = max(1, min(n_tokens // per_batch, (len(tokens) - 1) // per_batch))
-    return [
-        _windows(tokens, range(b * per_batch, (b + 1) * per_batch, seq_len), seq_len) for b in range(n_batches)
-    ]
+    slots = (len(tokens) - 1) // seq_len
+    n_batches = max(1, min(n_tokens // per_batch, slots // batch_size))
+    n_windows = n_batches * batch_size
+    starts = [(i * slots // n_windows) * seq_len for i in range(n_windows)]  # distinct: slots >= n_windows
+    return [_windows(tokens, starts[b::n_batches], seq_len) for b in range(n_batches)]

@@ -20,6 +20,7 @@ is 1.3x slower there; RMSNorm is ``F.rms_norm``. All paths match HF within float
 from __future__ import annotations
 
 import math
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -212,13 +213,18 @@ class Attention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)  # (B, T, H, Dh)
         return self.out(y.reshape(B, T, D))
 
-    def probabilities(self, x: torch.Tensor) -> torch.Tensor:
-        """Explicit causal softmax(QK^T / sqrt(Dh)), shape (B, H, T, T). Analysis only: O(T^2) memory."""
-        q, k, _ = self._qkv(x)
-        T = x.shape[1]
+    def explicit(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same attention with the probabilities materialised: (output (B, T, D), P (B, H, T, T)).
+
+        ``P = softmax(QK^T / sqrt(Dh) + causal mask)``; output ``= W_O (P V)``. Analysis only: O(T^2) memory.
+        """
+        B, T, D = x.shape
+        q, k, v = self._qkv(x)  # (B, H, T, Dh) each
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, H, T, T)
         mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
-        return scores.masked_fill(mask, float("-inf")).softmax(dim=-1)
+        probs = scores.masked_fill(mask, float("-inf")).softmax(dim=-1)
+        y = (probs @ v).transpose(1, 2)  # (B, T, H, Dh)
+        return self.out(y.reshape(B, T, D)), probs
 
 
 class SwiGLU(nn.Module):
@@ -257,7 +263,10 @@ class Block(nn.Module):
         self.ffns = nn.ModuleList(SwiGLU(arch.d_model, arch.ffn.hidden) for _ in range(arch.ffn.k))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x))
+        return self.feed_forward(x + self.attn(self.attn_norm(x)))
+
+    def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The K residual sub-MLPs: ``x + W_down,k (...)`` for k = 1..K."""
         for norm, ffn in zip(self.ffn_norms, self.ffns):
             x = x + ffn(norm(x))
         return x
@@ -306,17 +315,32 @@ class Transformer(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (B, T, V); with ``targets`` (B, T), the mean next-token cross-entropy instead."""
-        logits = self.lm_head(self.hidden(idx))  # (B, T, V)
+        return self._head(self.hidden(idx), targets)
+
+    def _head(self, hidden: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor:
+        logits = self.lm_head(hidden)  # (B, T, V)
         if targets is None:
             return logits
         return F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), targets.reshape(-1))
 
     @torch.no_grad()
+    def analyse(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
+                reduce: Callable[[torch.Tensor], Any] | None = None) -> tuple[torch.Tensor, list[Any]]:
+        """``forward`` with explicit attention: (logits, or the loss given ``targets``; per layer P (B, h_l, T, T)).
+
+        One pass gives both the score and the attention maps (the proxy's final evaluation uses
+        it on its first batches). Equal to ``forward`` up to float rounding. ``reduce`` maps each
+        layer's P to what is kept (e.g. a float), so that only one layer's P is alive at a time.
+        Slow path, analysis only.
+        """
+        kept = []
+        x = self.embed(idx)  # (B, T, D)
+        for block in self.blocks:
+            attended, probs = block.attn.explicit(block.attn_norm(x))
+            x = block.feed_forward(x + attended)
+            kept.append(probs if reduce is None else reduce(probs))
+        return self._head(self.norm(x), targets), kept
+
     def attention_probabilities(self, idx: torch.Tensor) -> list[torch.Tensor]:
         """Per layer, the causal attention probabilities (B, h_l, T, T) on ``idx``. Slow path, analysis only."""
-        probs = []
-        x = self.embed(idx)
-        for block in self.blocks:
-            probs.append(block.attn.probabilities(block.attn_norm(x)))
-            x = block(x)
-        return probs
+        return self.analyse(idx)[1]

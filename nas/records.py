@@ -20,6 +20,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from nas.arch import ArchConfig
+from nas.storage import write_user_attrs
 from runners.result import TrialResult
 
 RESULT_FAILURES = ("diverged", "oom")  # failed *results*: the shape was trained and is bad
@@ -42,8 +43,8 @@ def result_attrs(result: TrialResult) -> dict[str, Any]:
 
 
 def set_attrs(trial: optuna.Trial, attrs: dict[str, Any]) -> None:
-    for name, value in attrs.items():
-        trial.set_user_attr(name, value)
+    """All of ``attrs`` in one storage transaction (see ``nas.storage.write_user_attrs``)."""
+    write_user_attrs(trial, attrs)
 
 
 def is_duplicate(trial: FrozenTrial) -> bool:

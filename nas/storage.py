@@ -18,11 +18,13 @@ by the next worker and re-queued with the same shape and seed (Optuna's
 from __future__ import annotations
 
 import importlib.util
+import json
 import sqlite3
 import time
 import warnings
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import optuna
 import sqlalchemy
@@ -136,3 +138,41 @@ def _rdb_storage(url: str, engine_kwargs: dict, heartbeat_interval: int,
         grace_period=grace_period or 3 * heartbeat_interval,
         heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRIES),
     )
+
+
+def write_user_attrs(trial: optuna.Trial, attrs: dict[str, Any]) -> None:
+    """Set all of ``attrs`` on a running trial in one transaction: readers see all of them or none.
+
+    Optuna's ``Trial.set_user_attr`` commits one attribute per transaction (~38 commits for a
+    trained trial: ~0.2 s on SQLite, 2 % of a default CPU trial; benchmarks figure 5). On an
+    ``RDBStorage`` backed by SQLite or PostgreSQL this writes one multi-row upsert into Optuna's
+    own ``trial_user_attributes`` table (the statement Optuna itself issues per key, in the
+    same JSON encoding), after the same "is the trial still running" check; other storages, or
+    other databases, take Optuna's per-key API.
+    """
+    if not attrs:
+        return
+    storage = trial.study._storage
+    backend = getattr(storage, "_backend", storage)  # Optuna wraps an RDBStorage in a _CachedStorage
+    dialect = backend.engine.name if isinstance(backend, optuna.storages.RDBStorage) else None
+    if dialect not in ("sqlite", "postgresql"):
+        for key, value in attrs.items():
+            trial.set_user_attr(key, value)
+        return
+    from optuna.storages._rdb import models
+    from optuna.storages._rdb.storage import _create_scoped_session
+
+    if dialect == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert
+    else:
+        from sqlalchemy.dialects.postgresql import insert
+    table = models.TrialUserAttributeModel
+    rows = [{"trial_id": trial._trial_id, "key": key, "value_json": json.dumps(value)} for key, value in attrs.items()]
+    statement = insert(table).values(rows)
+    statement = statement.on_conflict_do_update(index_elements=[table.trial_id, table.key],
+                                                set_={"value_json": statement.excluded.value_json})
+    with _create_scoped_session(backend.scoped_session) as session:
+        state = models.TrialModel.find_or_raise_by_id(trial._trial_id, session).state
+        backend.check_trial_is_updatable(trial._trial_id, state)
+        session.execute(statement)
+    trial._cached_frozen_trial.user_attrs.update(attrs)  # what Trial.set_user_attr keeps in step, per key

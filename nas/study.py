@@ -326,10 +326,9 @@ def _values(search: Search, arch: ArchConfig, loss: float, tokens_per_s: float) 
 
 
 def _answer_duplicate(search: Search, trial: optuna.Trial, original: FrozenTrial) -> str:
-    trial.set_user_attr("duplicate_of", original.number)
-    for name in ("val_loss", "status", "reason", "tokens_per_s"):
-        if name in original.user_attrs:
-            trial.set_user_attr(name, original.user_attrs[name])
+    copied = {name: original.user_attrs[name] for name in ("val_loss", "status", "reason", "tokens_per_s")
+              if name in original.user_attrs}
+    set_attrs(trial, {"duplicate_of": original.number, **copied})
     if original.state == TrialState.COMPLETE:
         search.study.tell(trial, original.values)
     elif original.state == TrialState.PRUNED:
@@ -468,7 +467,7 @@ def run_worker(search: Search, on_event: Callable[[TrialEvent], None] | None = N
         arch, seed, role = search.baseline, search.train.seed, "sampled"
         with Heartbeat(study, trial._trial_id) as heartbeat:
             try:
-                if _is_surplus(study, trial.number, target):  # stand down, but stay: the others may still fail
+                if _may_be_surplus(trials, trial.number, target) and _is_surplus(study, trial.number, target):  # stand down, but stay: the others may still fail
                     trial.set_user_attr("surplus", True)
                     study.tell(trial, state=TrialState.FAIL)
                     if "key" in trial.user_attrs:  # a queued trial (e.g. a re-queued one) goes back to the queue
@@ -500,6 +499,17 @@ def run_worker(search: Search, on_event: Callable[[TrialEvent], None] | None = N
                                 n, target, best, base, reason))
         if error_streak >= MAX_ERROR_STREAK:
             raise SearchAborted(f"{MAX_ERROR_STREAK} trials in a row failed with an error; last: {reason}")
+
+
+def _may_be_surplus(before_ask: list[FrozenTrial], number: int, target: int) -> bool:
+    """Cheap bound from the list read before ``ask``: can ``_is_surplus`` be true at all?
+
+    Trials numbered below ``number`` are those in ``before_ask`` plus at most ``number - len(before_ask)``
+    created since by other workers; if even counting all of those as ahead leaves room, the
+    storage need not be read again.
+    """
+    ahead = sum(1 for t in before_ask if t.number < number and (counts(t) or in_flight(t)))
+    return ahead + max(0, number - len(before_ask)) >= target
 
 
 def _is_surplus(study: optuna.Study, number: int, target: int) -> bool:

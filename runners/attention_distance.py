@@ -14,6 +14,7 @@ from nas.model import Transformer
 
 def mean_attention_distance(probs: torch.Tensor) -> float:
     """``probs`` (B, H, T, T), rows summing to 1 -> the scalar ``D`` for that layer."""
+    probs = probs.float()
     T = probs.shape[-1]
     pos = torch.arange(T, device=probs.device, dtype=probs.dtype)
     distance = (pos[:, None] - pos[None, :]).abs()  # (T, T): |i - j|
@@ -25,6 +26,6 @@ def layer_attention_distances(model: Transformer, batches: list[torch.Tensor]) -
     """``D_l`` for every layer, averaged over ``batches`` of token ids (B, T)."""
     totals = [0.0] * len(model.blocks)
     for idx in batches:
-        for layer, probs in enumerate(model.attention_probabilities(idx)):
-            totals[layer] += mean_attention_distance(probs.float())
+        for layer, distance in enumerate(model.analyse(idx, reduce=mean_attention_distance)[1]):
+            totals[layer] += distance
     return [t / max(1, len(batches)) for t in totals]

@@ -18,7 +18,7 @@ from nas.arch import ArchConfig
 from nas.data import BatchSampler, TokenData, check_enough_tokens, validation_batches
 from nas.errors import UsageError
 from nas.model import Transformer
-from runners.attention_distance import layer_attention_distances
+from runners.attention_distance import mean_attention_distance
 from runners.config import TrainConfig
 from runners.device import autocast, is_out_of_memory, peak_memory_mb, reset_peak_memory, resolve_device, set_threads
 from runners.result import TrialResult
@@ -81,6 +81,30 @@ def evaluate(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Ten
     return total / len(batches)
 
 
+@torch.no_grad()
+def final_evaluation(model: Transformer, batches: list[tuple[torch.Tensor, torch.Tensor]], attention_batches: int,
+                     device: torch.device, dtype: str) -> tuple[float, list[float]]:
+    """The score and the per-layer attention distance ``D_l`` in one pass over the validation batches.
+
+    The first ``attention_batches`` batches go through ``Transformer.analyse`` (explicit attention:
+    their loss and their attention maps), the rest through ``evaluate``; the loss is the mean over
+    all batches, equal to ``evaluate``'s up to float rounding. ``D_l`` is averaged over the analysed
+    batches (empty when ``attention_batches`` is 0).
+    """
+    n = min(attention_batches, len(batches))
+    model.eval()
+    total, distances = 0.0, [0.0] * len(model.blocks)
+    with autocast(device, dtype):
+        for x, y in batches[:n]:
+            loss, layer_d = model.analyse(x.to(device), y.to(device), reduce=mean_attention_distance)
+            total += float(loss)
+            distances = [a + b / n for a, b in zip(distances, layer_d)]
+    if n < len(batches):
+        total += evaluate(model, batches[n:], device, dtype) * (len(batches) - n)
+    model.train()
+    return total / len(batches), (distances if n else [])
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -109,10 +133,6 @@ def run(arch: ArchConfig, cfg: TrainConfig, data: TokenData, report: ReportFn | 
         torch.manual_seed(cfg.seed)
         model = Transformer(arch).to(device)
         _train(model, cfg, data, val, device, report, result)
-        if result.status == "ok" and cfg.attention_batches > 0:
-            inputs = [x.to(device) for x, _ in val[: cfg.attention_batches]]
-            model.eval()
-            result.attention_distance = layer_attention_distances(model, inputs)
     except Exception as error:  # noqa: BLE001 - only out-of-memory is a result; the rest re-raises
         if not is_out_of_memory(error):
             raise
@@ -161,8 +181,11 @@ def _train(model: Transformer, cfg: TrainConfig, data: TokenData, val: list, dev
                              f"(first {first_loss:.4g}, limit {cfg.diverge_factor:g}x)")
             break
         if (step + 1) % eval_interval == 0 or step == steps - 1:
-            last = step == steps - 1
-            result.val_loss = evaluate(model, val if last else val[:n_prune_batches], device, cfg.dtype)
+            if step == steps - 1:  # the score, and the attention maps of the trained model
+                result.val_loss, distances = final_evaluation(model, val, cfg.attention_batches, device, cfg.dtype)
+                result.attention_distance = distances if math.isfinite(result.val_loss) else []
+            else:
+                result.val_loss = evaluate(model, val[:n_prune_batches], device, cfg.dtype)
             result.eval_curve.append((result.tokens_seen, result.val_loss))
             if not math.isfinite(result.val_loss):
                 result.status, result.reason = "diverged", f"validation loss {result.val_loss} at step {step + 1}"

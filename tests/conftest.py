@@ -1,8 +1,16 @@
-"""Shared fixtures: one data cache for the whole session, quiet Optuna."""
+"""Shared fixtures: one data cache for the whole session, one-thread searches, a throw-away PostgreSQL server."""
 
 from __future__ import annotations
 
+import glob
 import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -29,3 +37,61 @@ def one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     import runners.device
 
     monkeypatch.setattr(runners.device, "available_cores", lambda: 1)
+
+
+# ----------------------------------------------------------------- PostgreSQL
+def _postgres_bin() -> Path | None:
+    found = shutil.which("initdb")
+    if found:
+        return Path(found).parent
+    candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(p.split("/")[-3]))
+    return Path(candidates[-1]).parent if candidates else None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[str]:
+    """A throw-away PostgreSQL server on a temp dir and a loopback port (run as ``postgres`` when we are root);
+    its URL without a database."""
+    bindir = _postgres_bin()
+    if bindir is None:
+        pytest.skip("PostgreSQL server binaries not found (no initdb on PATH or in /usr/lib/postgresql/*/bin)")
+    as_user: list[str] = []
+    root = Path(tempfile.mkdtemp(prefix="nas-pg-"))  # not pytest's tmp_path: the postgres user must reach it
+    if os.geteuid() == 0:  # initdb refuses to run as root
+        user = pwd.getpwnam("postgres")
+        os.chown(root, user.pw_uid, user.pw_gid)
+        as_user = ["runuser", "-u", "postgres", "--"]
+    data, port = root / "data", _free_port()
+
+    def pg(tool: str, *args: str) -> None:
+        subprocess.run([*as_user, str(bindir / tool), *args], check=True, capture_output=True, timeout=120)
+
+    pg("initdb", "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
+    pg("pg_ctl", "-D", str(data), "-l", str(root / "server.log"), "-w", "-t", "60", "start", "-o",
+       f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=50")
+    try:
+        yield f"postgresql://postgres@127.0.0.1:{port}"
+    finally:
+        pg("pg_ctl", "-D", str(data), "-m", "immediate", "stop")
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def postgres_url(postgres_server: str, request: pytest.FixtureRequest) -> str:
+    """A fresh, empty database on the server, for one test."""
+    import psycopg2
+
+    name = request.node.name.lower()[:40].replace("-", "_")
+    connection = psycopg2.connect(f"{postgres_server}/postgres")
+    try:
+        connection.autocommit = True  # CREATE DATABASE cannot run in a transaction
+        connection.cursor().execute(f'CREATE DATABASE "{name}"')
+    finally:
+        connection.close()
+    return f"{postgres_server}/{name}"

@@ -288,16 +288,32 @@ def test_sampler_reaches_the_last_token_and_works_on_shard_views():
     assert 64 in seen
 
 
-def test_validation_batches_are_fixed_ordered_and_non_overlapping():
-    tokens = tokens_1d(5000)
+def test_validation_batches_are_fixed_spread_over_the_split_and_non_overlapping():
+    tokens = np.arange(5000, dtype=np.uint16)  # token i == i: a window's first token is its start
     first = validation_batches(tokens, batch_size=4, seq_len=100, n_tokens=1900)
     second = validation_batches(tokens, batch_size=4, seq_len=100, n_tokens=1900)
     assert len(first) == 4  # 1900 tokens rounded down to whole batches of 400
     for (xa, ya), (xb, yb) in zip(first, second):
         assert torch.equal(xa, xb) and torch.equal(ya, yb)
-    flat = torch.cat([x.reshape(-1) for x, _ in first]).numpy()
-    np.testing.assert_array_equal(flat, tokens[:1600])
-    assert first[-1][1][-1, -1].item() == tokens[1600]
+    # 49 slots of 100 tokens, 16 windows at slots floor(i * 49 / 16): spread over the whole split
+    starts = sorted(int(x[0]) for xb, _ in first for x in xb)
+    assert starts == [(i * 49 // 16) * 100 for i in range(16)]
+    assert starts[-1] >= 4500 and all(b - a >= 100 for a, b in zip(starts, starts[1:]))  # no overlap
+    for x, y in first:
+        for row_x, row_y in zip(x, y):
+            s = int(row_x[0])
+            np.testing.assert_array_equal(row_x.numpy(), tokens[s:s + 100])
+            np.testing.assert_array_equal(row_y.numpy(), tokens[s + 1:s + 101])
+    # batches are dealt round-robin: the first batch alone (a pruning evaluation) spans the split too
+    first_batch = sorted(int(x[0]) for x in first[0][0])
+    assert first_batch[0] == 0 and first_batch[-1] >= 3000
+
+
+def test_validation_batches_over_the_whole_split_cover_every_window():
+    tokens = np.arange(801, dtype=np.uint16)
+    batches = validation_batches(tokens, batch_size=2, seq_len=100, n_tokens=10**9)
+    starts = sorted(int(x[0]) for xb, _ in batches for x in xb)
+    assert starts == list(range(0, 800, 100))
 
 
 def test_validation_batches_take_at_least_one_batch_and_at_most_the_split():

@@ -123,18 +123,21 @@ def test_attention_probabilities_are_causal_rows_that_sum_to_one() -> None:
         assert torch.all(p.triu(1) == 0)
 
 
-def test_attention_probabilities_reproduce_the_fast_path() -> None:
-    """The analysis path computes the same attention as SDPA: re-assemble one layer's output from it."""
+@pytest.mark.parametrize("d_model, heads, T", [(32, (4, 2), 9), (48, (6, 4), 80)])  # SDPA; narrow-head path
+def test_analysis_path_reproduces_the_fast_path(d_model: int, heads: tuple[int, ...], T: int) -> None:
+    """``analyse`` materialises P and computes W_O (P V): same layer outputs and loss as the fast forward."""
     torch.manual_seed(0)
-    arch = ArchConfig(n_layers=1, d_model=32, heads=(4,), ffn=FFNShape(1, 16), vocab_size=40)
+    arch = ArchConfig(n_layers=2, d_model=d_model, heads=heads, ffn=FFNShape(2, 16), vocab_size=40)
     model = Transformer(arch).eval()
-    idx = torch.randint(0, 40, (2, 9))
+    idx, targets = torch.randint(0, 40, (2, T)), torch.randint(0, 40, (2, T))
     attn, x = model.blocks[0].attn, model.blocks[0].attn_norm(model.embed(idx))
     with torch.no_grad():
-        probs = attn.probabilities(x)  # (B, H, T, T)
-        _, _, v = attn._qkv(x)
-        manual = attn.out((probs @ v).transpose(1, 2).reshape(2, 9, 32))
-        torch.testing.assert_close(manual, attn(x), rtol=1e-5, atol=1e-6)
+        explicit, probs = attn.explicit(x)
+        torch.testing.assert_close(explicit, attn(x), rtol=1e-5, atol=1e-6)
+        loss, all_probs = model.analyse(idx, targets)
+        torch.testing.assert_close(loss, model(idx, targets), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(all_probs[0], probs)
+    assert [p.shape for p in all_probs] == [(2, h, T, T) for h in heads]
 
 
 def test_odd_head_dims_use_partial_rotary() -> None:

@@ -14,7 +14,7 @@ from runners.attention_distance import layer_attention_distances, mean_attention
 from runners.config import TrainConfig
 from runners.device import is_out_of_memory
 from runners.presets import PRESETS, get_preset
-from runners.proxy import lr_multiplier, run
+from runners.proxy import evaluate, final_evaluation, lr_multiplier, run
 from runners.result import TrialResult
 
 TINY = get_preset("tiny")
@@ -107,6 +107,21 @@ def test_model_with_uniform_attention_has_distance_t_minus_1_over_4() -> None:
     T = 16
     distances = layer_attention_distances(model, [torch.randint(0, 50, (2, T))])
     assert distances == pytest.approx([(T - 1) / 4] * 3, rel=1e-6)
+
+
+@pytest.mark.parametrize("attention_batches", [0, 1, 3])
+def test_final_evaluation_scores_like_evaluate_and_measures_distance_on_the_first_batches(attention_batches) -> None:
+    """One pass gives the score (the mean over every batch) and D_l of the first batches."""
+    torch.manual_seed(0)
+    arch = ArchConfig(n_layers=2, d_model=48, heads=(3, 6), ffn=FFNShape(1, 32), vocab_size=50)
+    model = Transformer(arch)
+    batches = [(torch.randint(0, 50, (2, 70)), torch.randint(0, 50, (2, 70))) for _ in range(3)]
+    cpu = torch.device("cpu")
+    loss, distances = final_evaluation(model, batches, attention_batches, cpu, "fp32")
+    assert loss == pytest.approx(evaluate(model, batches, cpu, "fp32"), rel=1e-6)
+    expected = layer_attention_distances(model, [x for x, _ in batches[:attention_batches]])
+    assert distances == (pytest.approx(expected, rel=1e-6) if attention_batches else [])
+    assert model.training  # handed back in training mode
 
 
 # ----------------------------------------------------------------- pieces

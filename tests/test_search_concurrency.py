@@ -2,19 +2,11 @@
 
 from __future__ import annotations
 
-import glob
 import json
 import multiprocessing
 import os
-import pwd
-import shutil
 import signal
-import socket
-import subprocess
-import tempfile
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import optuna
 import pytest
@@ -91,64 +83,6 @@ def test_four_local_workers_on_the_default_sqlite_storage(tmp_path):
     assert not [t.number for t in trials if t.state == TrialState.WAITING]
     if not overlapping(trials):  # every guarantee above held; only the evidence of parallelism is missing
         pytest.skip("the workers never trained at the same time (machine too loaded to show parallelism)")
-
-
-# ----------------------------------------------------------------- PostgreSQL
-def _postgres_bin() -> Path | None:
-    found = shutil.which("initdb")
-    if found:
-        return Path(found).parent
-    candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(p.split("/")[-3]))
-    return Path(candidates[-1]).parent if candidates else None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def postgres_server() -> Iterator[str]:
-    """A throw-away PostgreSQL server on a temp dir and a loopback port (run as ``postgres`` when we are root);
-    its URL without a database."""
-    bindir = _postgres_bin()
-    if bindir is None:
-        pytest.skip("PostgreSQL server binaries not found (no initdb on PATH or in /usr/lib/postgresql/*/bin)")
-    as_user: list[str] = []
-    root = Path(tempfile.mkdtemp(prefix="nas-pg-"))  # not pytest's tmp_path: the postgres user must reach it
-    if os.geteuid() == 0:  # initdb refuses to run as root
-        user = pwd.getpwnam("postgres")
-        os.chown(root, user.pw_uid, user.pw_gid)
-        as_user = ["runuser", "-u", "postgres", "--"]
-    data, port = root / "data", _free_port()
-
-    def pg(tool: str, *args: str) -> None:
-        subprocess.run([*as_user, str(bindir / tool), *args], check=True, capture_output=True, timeout=120)
-
-    pg("initdb", "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
-    pg("pg_ctl", "-D", str(data), "-l", str(root / "server.log"), "-w", "-t", "60", "start", "-o",
-       f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=50")
-    try:
-        yield f"postgresql://postgres@127.0.0.1:{port}"
-    finally:
-        pg("pg_ctl", "-D", str(data), "-m", "immediate", "stop")
-        shutil.rmtree(root, ignore_errors=True)
-
-
-@pytest.fixture
-def postgres_url(postgres_server: str, request: pytest.FixtureRequest) -> str:
-    """A fresh, empty database on the server, for one test."""
-    import psycopg2
-
-    name = request.node.name.lower()[:40].replace("-", "_")
-    connection = psycopg2.connect(f"{postgres_server}/postgres")
-    try:
-        connection.autocommit = True  # CREATE DATABASE cannot run in a transaction
-        connection.cursor().execute(f'CREATE DATABASE "{name}"')
-    finally:
-        connection.close()
-    return f"{postgres_server}/{name}"
 
 
 def test_workers_starting_together_on_a_fresh_postgresql_database_all_open_it(tmp_path, postgres_url):

@@ -1,0 +1,51 @@
+"""``nas.storage.write_user_attrs``: one transaction per trial's attributes, the same stored values as Optuna's API."""
+
+from __future__ import annotations
+
+import math
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from nas.storage import make_storage, write_user_attrs
+
+ATTRS = {"key": "h=4x4", "seed": 3, "curve": [[1, 2.5], [2, None]], "arch": {"heads": [1, 2], "k": 4},
+         "val_loss": 2.75, "reason": None, "unicode": "Δ h_l ≤ h_{l+1}"}
+
+
+def _check_batched_write(url: str) -> None:
+    study = optuna.create_study(storage=make_storage(url), study_name="attrs")
+    trial = study.ask()
+    write_user_attrs(trial, ATTRS)
+    assert trial.user_attrs == ATTRS  # the trial's own view is kept in step, as Trial.set_user_attr does
+    write_user_attrs(trial, {"seed": 4, "extra": 1.5})  # overwrites one, adds one
+    study.tell(trial, 1.0)
+    reference = study.ask()
+    for key, value in {**ATTRS, "seed": 4, "extra": 1.5}.items():
+        reference.set_user_attr(key, value)
+    study.tell(reference, 1.0)
+    # a fresh process's view: read back through a new storage object
+    stored = optuna.load_study(study_name="attrs", storage=make_storage(url)).get_trials()
+    assert stored[0].user_attrs == stored[1].user_attrs == {**ATTRS, "seed": 4, "extra": 1.5}
+    with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):  # a finished trial stays as told
+        write_user_attrs(trial, {"late": True})
+    assert "late" not in optuna.load_study(study_name="attrs", storage=make_storage(url)).trials[0].user_attrs
+
+
+def test_batched_attributes_read_back_as_optunas_own_on_sqlite(tmp_path):
+    _check_batched_write(f"sqlite:///{tmp_path / 'attrs.db'}")
+
+
+@pytest.mark.slow
+def test_batched_attributes_read_back_as_optunas_own_on_postgresql(postgres_url):
+    _check_batched_write(postgres_url)
+
+
+def test_other_storages_take_optunas_per_key_api():
+    study = optuna.create_study()  # in-memory storage
+    trial = study.ask()
+    write_user_attrs(trial, {"a": 1, "b": [math.pi]})
+    study.tell(trial, 0.0)
+    assert study.trials[0].user_attrs == {"a": 1, "b": [math.pi]}
+    assert study.trials[0].state == TrialState.COMPLETE
