@@ -2,7 +2,8 @@
 
 The process re-executes itself once with ``harness.ENV_DEFAULTS`` (glibc allocator and OpenMP
 wait policy; they only act at start-up) unless they are already set or ``--no-reexec`` is given.
-Exit status: 0 when every figure with a target met it (or ``--smoke``), 1 otherwise.
+Exit status: 0 when every figure with a target met it (or ``--smoke``), 1 otherwise, 2 for bad
+options. ``nas bench`` runs the same entry point.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 import traceback
 
 from benchmarks import FIGURES
+from nas.errors import UsageError
 from benchmarks.harness import BenchConfig, Figure, machine_info, reexec_with_env, set_threads, verdict, write_outputs
 
 
@@ -40,16 +42,23 @@ def selected(only: str) -> list[tuple[int, str]]:
     chosen = [(n, name) for n, name in figures if str(n) in wanted or name in wanted]
     unknown = wanted - {str(n) for n, _ in chosen} - {name for _, name in chosen}
     if unknown:
-        raise SystemExit(f"unknown figure(s) {', '.join(sorted(unknown))}; choose 1-7 or {', '.join(FIGURES)}")
+        raise UsageError(f"unknown figure(s) {', '.join(sorted(unknown))}; choose 1-7 or {', '.join(FIGURES)}")
     return chosen
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    try:
+        chosen = selected(args.only)
+        if args.threads < 0 or args.device not in ("cpu", "cuda"):
+            raise UsageError(f"--threads {args.threads} / --device {args.device!r} is invalid: threads >= 0 "
+                             "(0 = every usable core), device cpu or cuda")
+    except UsageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     if not args.no_reexec:
         reexec_with_env("benchmarks", argv)
-    chosen = selected(args.only)
     threads = set_threads(args.threads)
     cfg = BenchConfig(smoke=args.smoke, threads=threads, device=args.device, seed=args.seed, cache_dir=args.cache_dir)
     info = machine_info(threads, args.device)

@@ -84,6 +84,10 @@ def search(
     pruner: Annotated[str, typer.Option("--pruner", help="median, hyperband or none.")] = "median",
     objectives: Annotated[str, typer.Option("--objectives", help="loss, loss,params or loss,tokens_per_s.")] = "loss",
     workers: Annotated[int, typer.Option("--workers", help="Worker processes on this machine.")] = 1,
+    threads: Annotated[Optional[int], typer.Option("--threads", help="Torch threads per worker (default: the "
+                                                   "usable cores / --workers). With several searches on one "
+                                                   "machine, keep workers x threads <= cores.",
+                                                   show_default=False)] = None,
     tokens: Annotated[Optional[str], typer.Option("--tokens", help="Training tokens per trial (e.g. 64k); "
                                                   "default the preset's.", show_default=False)] = None,
     seq_len: Annotated[Optional[int], typer.Option("--seq-len", help="Context length (default the preset's).",
@@ -114,7 +118,8 @@ def search(
             sampler=sampler, pruner=pruner, objectives=tuple(o.strip() for o in objectives.split(",") if o.strip()),
             workers=workers, replicate_top=replicate_top, heartbeat_interval=heartbeat,
             train_overrides=_train_overrides(tokens=tokens, seq_len=seq_len, batch_size=batch_size, lr=lr,
-                                             seed=seed, device=device, dtype=dtype, compile=compile))
+                                             seed=seed, device=device, dtype=dtype, compile=compile,
+                                             threads=threads))
         progress = Progress(workers)
         result = run_search(config, on_event=progress, on_start=progress.start)
     except UsageError as error:
@@ -257,6 +262,27 @@ def train(
     if result.status != "ok":
         typer.echo(f"run ended {result.status}: {result.reason}", err=True)
         raise typer.Exit(1)
+
+
+@app.command()
+def bench(
+    smoke: Annotated[bool, typer.Option("--smoke", help="A few steps per figure: checks the harness, measures "
+                                        "nothing (< 60 s).")] = False,
+    only: Annotated[str, typer.Option("--only", help="Comma-separated figure numbers or names, e.g. 1,2 or "
+                                      "vs_hf (default: all 7).")] = "",
+    out: Annotated[str, typer.Option("--out", help="Folder for benchmarks.md and benchmarks.json.")] = "bench-out",
+    threads: Annotated[int, typer.Option("--threads", help="Torch threads (0: every usable core).")] = 0,
+    device: Annotated[str, typer.Option("--device", help="cpu, or cuda (figures 1-4 then run in bf16).")] = "cpu",
+    seed: Annotated[int, typer.Option("--seed", help="Seed of models and data.")] = 0,
+    cache_dir: Annotated[Optional[str], typer.Option("--cache-dir", help="Data cache (default $NAS_CACHE or the "
+                                                     "user cache).", show_default=False)] = None,
+) -> None:
+    """Measure the speed claims as same-run ratios (benchmarks/RESULTS.md): as `python -m benchmarks`."""
+    from benchmarks.__main__ import main as bench_main
+
+    argv = ["--out", out, "--threads", str(threads), "--device", device, "--seed", str(seed)]
+    argv += ["--smoke"] * smoke + (["--only", only] if only else []) + (["--cache-dir", cache_dir] if cache_dir else [])
+    raise typer.Exit(bench_main(argv))
 
 
 def main() -> None:

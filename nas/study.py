@@ -145,20 +145,30 @@ def train_config(config: SearchConfig) -> TrainConfig:
     return train.with_(**overrides) if overrides else train
 
 
+# how a trial runs, not what it computes: a study can be resumed (or shared) with other values
+RUN_ONLY_FIELDS = ("threads", "device", "compile")
+
+
 def identity(config: SearchConfig, space: SearchSpace, train: TrainConfig, data: TokenData) -> dict[str, Any]:
     """What defines a study: two commands with the same identity continue one study."""
-    train_part = {k: v for k, v in train.to_dict().items() if k not in ("threads", "device", "compile")}
+    train_part = {k: v for k, v in train.to_dict().items() if k not in RUN_ONLY_FIELDS}
     ident = {"space": space.describe(), "train": train_part, "data": data.fingerprint,
              "objectives": list(config.objectives)}
     return json.loads(json.dumps(ident, sort_keys=True, default=str))
 
 
 def default_study_name(config: SearchConfig, ident: dict[str, Any]) -> str:
-    """``<space>-<preset>``, plus a short hash when shape, training or data differ from the preset's defaults."""
+    """``<space>-<preset>``, plus a short hash when shape, training or data differ from the preset's defaults.
+
+    Run-only options (``--threads``, ``--device``, ``--compile``) and overrides equal to the preset's
+    value keep the plain name, so the same study resumes whatever machine or thread count runs it.
+    """
     default = SearchConfig(space=SpaceOptions(space=config.space.space), preset=config.preset,
                            objectives=config.objectives)
     name = f"{config.space.space}-{config.preset}"
-    if config.space != default.space or config.train_overrides or config.data != "builtin" \
+    preset_train = get_preset(config.preset).train.to_dict()
+    changed_training = any(k not in RUN_ONLY_FIELDS and preset_train[k] != v for k, v in config.train_overrides)
+    if config.space != default.space or changed_training or config.data != "builtin" \
             or config.objectives != ("loss",):
         digest = hashlib.sha1(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:6]
         name += f"-{digest}"
@@ -446,9 +456,13 @@ def run_worker(search: Search, on_event: Callable[[TrialEvent], None] | None = N
     """Train trials until the study holds ``trials`` counted ones; returns how many this worker trained."""
     study, target = search.study, search.config.trials
     trained = duplicate_streak = error_streak = 0
+    finished: tuple | None = None  # the last trial's outcome, told to ``on_event`` with the next read of the study
     while True:
         _fail_stale(study)
         trials = study.get_trials(deepcopy=False)
+        if finished is not None and on_event is not None:
+            on_event(_event(search, trials, *finished))
+        finished = None
         counted = sum(counts(t) for t in trials)
         if counted >= target:
             return trained
@@ -491,14 +505,19 @@ def run_worker(search: Search, on_event: Callable[[TrialEvent], None] | None = N
         trained += state not in ("duplicate", "error", "stale")
         duplicate_streak = duplicate_streak + 1 if state == "duplicate" else 0
         error_streak = error_streak + 1 if state == "error" else 0
-        if on_event is not None:
-            trials = study.get_trials(deepcopy=False)
-            n, best, base = summary(search, trials)
-            reason = reason or (trials[trial.number].user_attrs.get("reason") if state != "complete" else None)
-            on_event(TrialEvent(trial.number, role, arch, seed, state, loss, time.perf_counter() - started,
-                                n, target, best, base, reason))
+        finished = (trial.number, role, arch, seed, state, loss, time.perf_counter() - started, reason)
         if error_streak >= MAX_ERROR_STREAK:
+            if on_event is not None:
+                on_event(_event(search, study.get_trials(deepcopy=False), *finished))
             raise SearchAborted(f"{MAX_ERROR_STREAK} trials in a row failed with an error; last: {reason}")
+
+
+def _event(search: Search, trials: list[FrozenTrial], number: int, role: str, arch: ArchConfig, seed: int,
+           state: str, loss: float | None, wall_time_s: float, reason: str | None) -> TrialEvent:
+    """The progress event of trial ``number``, from a read of the study made after it was told."""
+    n, best, base = summary(search, trials)
+    reason = reason or (trials[number].user_attrs.get("reason") if state != "complete" else None)
+    return TrialEvent(number, role, arch, seed, state, loss, wall_time_s, n, search.config.trials, best, base, reason)
 
 
 def _may_be_surplus(before_ask: list[FrozenTrial], number: int, target: int) -> bool:

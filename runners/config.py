@@ -39,6 +39,8 @@ class TrainConfig:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise UsageError(f"{name}={getattr(self, name)} is invalid: it must be positive")
+        if self.threads < 0:
+            raise UsageError(f"threads={self.threads} is invalid: give 0 (every usable core) or a positive count")
         if self.lr <= 0:
             raise UsageError(f"lr={self.lr} is invalid: it must be positive")
         if not 0 <= self.warmup_frac < 1:

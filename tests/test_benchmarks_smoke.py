@@ -77,3 +77,22 @@ def test_markdown_renders_a_figure_without_rows() -> None:
             "python": "3", "torch": "2", "transformers": None, "optuna": "4", "numpy": "1", "env": {}}
     text = markdown([figure], info, "python -m benchmarks")
     assert "## 9. X" in text and "report" in text
+
+
+def test_nas_bench_runs_the_same_harness(tmp_path: Path, nas_cache: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "nas.cli", "bench", "--smoke", "--only", "7", "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "NAS_CACHE": nas_cache})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    data = json.loads((tmp_path / "benchmarks.json").read_text())
+    assert [f["name"] for f in data["figures"]] == ["space_scaling"] and data["figures"][0]["smoke"] is True
+
+
+@pytest.mark.parametrize("args, named", [(["--only", "9"], "9"), (["--only", "1,nope"], "nope"),
+                                         (["--device", "tpu"], "tpu"), (["--threads", "-1"], "-1")])
+def test_nas_bench_bad_options_are_one_line_and_exit_2(args: list[str], named: str, tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "nas.cli", "bench", *args, "--out", str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], proc.stderr
+    assert not (tmp_path / "benchmarks.json").exists()

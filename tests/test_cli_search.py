@@ -51,6 +51,7 @@ def one_line_error(result) -> str:
     (["--preset", "huge"], "unknown preset 'huge'"),
     (["--tokens", "lots"], "--tokens"),
     (["--heartbeat", "0"], "--heartbeat 0 is invalid"),
+    (["--threads", "-2"], "threads=-2 is invalid"),
 ])
 def test_search_with_a_bad_option_value_prints_one_line_and_exits_2(tmp_path, monkeypatch, args, says):
     monkeypatch.chdir(tmp_path)
@@ -65,6 +66,26 @@ def test_bad_option_exit_status_is_2_from_the_real_command(tmp_path):
     proc = run_nas("search", "--trials", "0", cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr == "error: --trials 0 is invalid: give at least 1\n"
     assert not (tmp_path / "nas.db").exists()
+
+
+def test_run_only_options_keep_the_default_study_name_and_training_changes_add_a_hash():
+    from nas.data import load_data
+    from nas.study import default_study_name, identity, train_config
+    from runners.presets import get_preset
+    from search_spaces.factory import build_space
+
+    data = load_data("builtin")
+
+    def name(*overrides):
+        config = SearchConfig(space=SpaceOptions(space="prism"), preset="tiny", train_overrides=tuple(overrides))
+        space = build_space(config.space, defaults=get_preset("tiny").baseline)
+        return default_study_name(config, identity(config, space, train_config(config), data))
+
+    assert name() == "prism-tiny"
+    assert name(("threads", 1), ("device", "cpu"), ("compile", False)) == "prism-tiny"  # how, not what, it trains
+    assert name(("tokens", get_preset("tiny").train.tokens)) == "prism-tiny"  # the preset's own value
+    changed = name(("tokens", 8192))
+    assert changed.startswith("prism-tiny-") and changed != name(("lr", 0.5))
 
 
 # ----------------------------------------------------------------- nas best

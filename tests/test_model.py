@@ -94,6 +94,41 @@ def test_logits_match_hf_llama_with_the_same_weights(arch: ArchConfig) -> None:
     assert rel <= 1e-5
 
 
+@pytest.mark.parametrize("arch, T", [
+    (uniform(2, 96, 12, 256, FFNShape(1, 256)), 128),  # the default proxy's head dim 8, its context 128
+    (uniform(2, 96, 8, 300, FFNShape(1, 192), tie_embeddings=False), 100),  # head dim 12, T not a block multiple
+], ids=["dh8-T128", "dh12-T100"])
+def test_narrow_head_cpu_attention_matches_hf_in_logits_and_gradients(arch: ArchConfig, T: int) -> None:
+    """Head dims <= NARROW_HEAD_DIM at T >= 64 train through _NarrowHeadAttention (own forward and backward)."""
+    from nas.model import NARROW_HEAD_DIM
+
+    assert arch.d_model // arch.heads[0] <= NARROW_HEAD_DIM and T >= 64  # the path under test is taken
+    torch.manual_seed(0)
+    model = Transformer(arch)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.uniform_(0.5, 1.5)
+    hf = _to_hf(model).train()
+    idx, targets = torch.randint(0, arch.vocab_size, (3, T)), torch.randint(0, arch.vocab_size, (3, T))
+    ours = model(idx)
+    theirs = hf(idx, use_cache=False).logits
+    assert (ours - theirs).abs().max() / theirs.abs().max() <= 1e-5
+    lossfn = torch.nn.functional.cross_entropy
+    lossfn(ours.view(-1, arch.vocab_size), targets.view(-1)).backward()
+    lossfn(theirs.view(-1, arch.vocab_size), targets.view(-1)).backward()
+    hf_params = dict(hf.named_parameters())
+    for i, block in enumerate(model.blocks):
+        prefix = f"model.layers.{i}.self_attn."
+        pairs = [(block.attn.qkv.weight.grad,
+                  torch.cat([hf_params[prefix + f"{n}_proj.weight"].grad for n in "qkv"])),
+                 (block.attn.out.weight.grad, hf_params[prefix + "o_proj.weight"].grad),
+                 (block.attn_norm.weight.grad, hf_params[f"model.layers.{i}.input_layernorm.weight"].grad)]
+        for mine, reference in pairs:
+            torch.testing.assert_close(mine, reference, rtol=1e-4, atol=1e-5 * reference.abs().max().item())
+    torch.testing.assert_close(model.embed.weight.grad, hf.model.embed_tokens.weight.grad, rtol=1e-4, atol=1e-7)
+
+
 def test_prism_schedule_with_k4_overfits_one_batch() -> None:
     torch.manual_seed(0)
     arch = ArchConfig(n_layers=4, d_model=64, heads=(1, 1, 4, 4), ffn=FFNShape(4, 24), vocab_size=64)
