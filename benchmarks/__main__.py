@@ -1,7 +1,7 @@
 """``python -m benchmarks [--smoke] [--only 1,2,...] [--out DIR] [--threads N] [--device cpu|cuda]``.
 
-The process re-executes itself once with ``harness.ENV_DEFAULTS`` (glibc allocator and OpenMP
-wait policy; they only act at start-up) unless they are already set or ``--no-reexec`` is given.
+The process re-executes itself once with ``harness.ENV_DEFAULTS`` (glibc allocator settings;
+they only act at start-up) unless they are already set or ``--no-reexec`` is given.
 Exit status: 0 when every figure with a target met it (or ``--smoke``), 1 otherwise, 2 for bad
 options. ``nas bench`` runs the same entry point.
 """

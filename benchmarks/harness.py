@@ -22,13 +22,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 # glibc keeps freed buffers instead of returning them to the OS and zero-filling them again
-# every step (docs: cpu-measurements.md, +10-23 % on CPU); OpenMP threads that sleep instead
-# of spinning at barriers keep 2 threads usable when another process shares the 2 cores
-# (measured here: a d96 step took 8.8 s with spinning threads under load, 0.27 s passive).
+# every step (docs: cpu-measurements.md, +10-23 % on CPU at large vocabularies). OpenMP's wait
+# policy is left at its default, as `nas search` runs it: OMP_WAIT_POLICY=PASSIVE survives a
+# shared machine (a d96 step took 8.8 s with spinning threads under load, 0.27 s passive) but
+# made an idle machine's small-model steps ~25 % slower, which is not what a user's search sees.
+# Run the benchmarks on an idle machine; the header records the load average.
 ENV_DEFAULTS = {
     "MALLOC_MMAP_MAX_": "0",
     "MALLOC_TRIM_THRESHOLD_": "100000000000",
-    "OMP_WAIT_POLICY": "PASSIVE",
 }
 REEXEC_MARK = "PRISM_NAS_BENCH_REEXEC"
 
@@ -82,7 +83,7 @@ def machine_info(threads: int, device: str) -> dict[str, Any]:
         "transformers": hf_version,
         "optuna": optuna.__version__,
         "numpy": numpy.__version__,
-        "env": {k: os.environ.get(k) for k in ENV_DEFAULTS},
+        "env": {k: os.environ.get(k) for k in (*ENV_DEFAULTS, "OMP_WAIT_POLICY", "OMP_NUM_THREADS")},
         "load_avg_start": _loadavg(),
     }
     if device.startswith("cuda"):

@@ -33,12 +33,13 @@ def test_same_seed_gives_the_same_loss_curve(builtin_data) -> None:
 
 @pytest.mark.slow
 def test_default_proxy_trial_learns_real_text(builtin_data) -> None:
-    """The `cpu` preset's baseline must get at least 1.8 nats/byte below the uniform guess ln 256 = 5.55."""
+    """The `cpu` preset's baseline must get 2.2 nats/byte below the uniform guess ln 256 = 5.55 (it reaches ~2.9,
+    below the unigram entropy of Python source, 3.18; seeds spread by ~0.1)."""
     preset = get_preset("cpu")
     result = run(preset.baseline, preset.train, builtin_data)
     assert result.status == "ok", result.reason
     assert result.tokens_seen == preset.train.tokens
-    assert result.val_loss < math.log(256) - 1.8, result.eval_curve
+    assert result.val_loss < math.log(256) - 2.2, result.eval_curve
     assert result.eval_curve[-1][1] < result.eval_curve[0][1]
     assert len(result.attention_distance) == preset.baseline.n_layers
 
