@@ -5,7 +5,7 @@ about 30 minutes on 2 CPU cores: GPT-2 small's *structure* (12 layers, 12 baseli
 hence the Prism paper's 129-schedule space) at width 96 (the largest width below 192 that
 keeps every head count 1, 2, 3, 4, 6, 8, 12 a divisor), byte-level vocabulary, context 128,
 32k training tokens per trial. Measured on the 2-core CPU (see README, "Choosing the proxy"):
-200 trials in 22 minutes; validation loss falls from ln 256 = 5.55 to about 2.9 nats/byte per trial. ``cpu-long``
+200 trials in 21.4 minutes; validation loss falls from ln 256 = 5.55 to about 2.9 nats/byte per trial. ``cpu-long``
 trains 8x longer for rankings that must resolve finer differences. The ``gpt2-*``,
 ``prism-757m`` and ``hourglass-113m`` presets are the papers' real scales, for GPUs.
 """
