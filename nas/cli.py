@@ -109,8 +109,7 @@ def search(
                                            "silent for 3x this is failed and re-queued.")] = 10,
 ) -> None:
     """Run (or resume) an Optuna study whose trials are short proxy trainings of shapes from the space."""
-    from nas.progress import Progress
-    from nas.study import SearchAborted, SearchConfig, run_search, trials_done
+    from nas.search_config import SearchConfig, precheck
 
     try:
         config = SearchConfig(
@@ -120,6 +119,13 @@ def search(
             train_overrides=_train_overrides(tokens=tokens, seq_len=seq_len, batch_size=batch_size, lr=lr,
                                              seed=seed, device=device, dtype=dtype, compile=compile,
                                              threads=threads))
+        precheck(config)  # before torch is imported: a mistyped option is reported at once
+    except UsageError as error:
+        raise _usage(error) from None
+    from nas.progress import Progress
+    from nas.study import SearchAborted, run_search, trials_done
+
+    try:
         progress = Progress(workers)
         result = run_search(config, on_event=progress, on_start=progress.start)
     except UsageError as error:

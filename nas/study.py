@@ -27,7 +27,7 @@ import time
 import warnings
 from collections import defaultdict
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
 
 import optuna
@@ -39,17 +39,15 @@ from nas.errors import UsageError
 from nas.heartbeat import Heartbeat
 from nas.records import (arch_of, counts, in_flight, is_duplicate, key_seed, loss_of, result_attrs, set_attrs,
                          shape_attrs)
-from nas.storage import DEFAULT_STORAGE, make_storage
+from nas.search_config import OBJECTIVES, PRUNERS, SAMPLERS, SearchConfig  # noqa: F401 - re-exported
+from nas.storage import make_storage
 from runners.config import TrainConfig
 from runners.device import available_cores
-from runners.presets import DEFAULT_PRESET, get_preset
+from runners.presets import get_preset
 from runners.proxy import run as run_proxy
 from search_spaces.base import SearchSpace
 from search_spaces.factory import SpaceOptions, build_space
 
-SAMPLERS = ("tpe", "random", "grid", "gp", "nsga2")
-PRUNERS = ("median", "hyperband", "none")
-OBJECTIVES = {"loss": "minimize", "params": "minimize", "tokens_per_s": "maximize"}
 POLL_S = 0.5  # how often a waiting worker looks at the storage again
 MAX_DUPLICATE_STREAK = 10  # after this many duplicates in a row, one random proposal breaks the loop
 MAX_ERROR_STREAK = 3  # trials in a row crashing with an error (not a result) stop the worker
@@ -57,44 +55,6 @@ MAX_ERROR_STREAK = 3  # trials in a row crashing with an error (not a result) st
 
 class SearchAborted(RuntimeError):
     """The worker cannot go on (e.g. every trial crashes); the message says why."""
-
-
-@dataclass(frozen=True)
-class SearchConfig:
-    """Everything ``nas search`` was asked for."""
-
-    space: SpaceOptions = field(default_factory=SpaceOptions)
-    preset: str = DEFAULT_PRESET
-    train_overrides: tuple[tuple[str, Any], ...] = ()  # (TrainConfig field, value) given on the command line
-    data: str = "builtin"
-    storage: str = DEFAULT_STORAGE
-    study_name: str | None = None
-    trials: int = 200
-    sampler: str | None = None  # None: tpe (single objective) or nsga2 (several)
-    pruner: str = "median"
-    objectives: tuple[str, ...] = ("loss",)
-    workers: int = 1
-    replicate_top: int = 4  # shapes besides the baseline that get seed replicates after an exhaustive walk
-    heartbeat_interval: int = 10
-    cache_dir: str | None = None
-
-    def validate(self) -> None:
-        if self.trials < 1:
-            raise UsageError(f"--trials {self.trials} is invalid: give at least 1")
-        if self.workers < 1:
-            raise UsageError(f"--workers {self.workers} is invalid: give at least 1")
-        if self.sampler is not None and self.sampler not in SAMPLERS:
-            raise UsageError(f"unknown sampler {self.sampler!r}; choose {', '.join(SAMPLERS)}")
-        if self.pruner not in PRUNERS:
-            raise UsageError(f"unknown pruner {self.pruner!r}; choose {', '.join(PRUNERS)}")
-        bad = [o for o in self.objectives if o not in OBJECTIVES]
-        if bad or not self.objectives or len(set(self.objectives)) != len(self.objectives) or self.objectives[0] != "loss":
-            raise UsageError(f"--objectives {','.join(self.objectives)!r} is invalid: use loss, loss,params or "
-                             "loss,tokens_per_s")
-        if self.sampler == "gp" and len(self.objectives) > 1:
-            raise UsageError("--sampler gp takes a single objective; use nsga2 or tpe for several")
-        if self.heartbeat_interval < 1:
-            raise UsageError(f"--heartbeat {self.heartbeat_interval} is invalid: give at least 1 second")
 
 
 @dataclass

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 from statistics import mean
 from types import SimpleNamespace
 
@@ -66,6 +68,16 @@ def test_bad_option_exit_status_is_2_from_the_real_command(tmp_path):
     proc = run_nas("search", "--trials", "0", cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr == "error: --trials 0 is invalid: give at least 1\n"
     assert not (tmp_path / "nas.db").exists()
+
+
+@pytest.mark.parametrize("args", [["--trials", "0"], ["--space", "pyramid"], ["--tokens", "lots"], ["--heads", "7"],
+                                  ["--preset", "huge"], ["--lr", "-1"]])
+def test_bad_search_options_are_reported_before_torch_is_imported(args):
+    """A typo is answered in about a second: importing torch (the study, the model) takes ~4 s."""
+    code = ("import sys; from typer.testing import CliRunner; from nas.cli import app; "
+            f"r = CliRunner().invoke(app, ['search', *{args!r}]); print(r.exit_code, 'torch' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.split() == ["2", "False"], proc.stdout + proc.stderr
 
 
 def test_run_only_options_keep_the_default_study_name_and_training_changes_add_a_hash():

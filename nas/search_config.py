@@ -1,0 +1,70 @@
+"""What ``nas search`` was asked for (``SearchConfig``), checked without importing torch.
+
+Kept apart from ``nas.study`` so that a mistyped option is reported at once: importing the
+study module loads torch (about 4 s), and a usage error should not wait for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from nas.errors import UsageError
+from nas.storage import DEFAULT_STORAGE
+from runners.presets import DEFAULT_PRESET, get_preset
+from search_spaces.factory import SpaceOptions, build_space
+
+SAMPLERS = ("tpe", "random", "grid", "gp", "nsga2")
+PRUNERS = ("median", "hyperband", "none")
+OBJECTIVES = {"loss": "minimize", "params": "minimize", "tokens_per_s": "maximize"}
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """Everything ``nas search`` was asked for."""
+
+    space: SpaceOptions = field(default_factory=SpaceOptions)
+    preset: str = DEFAULT_PRESET
+    train_overrides: tuple[tuple[str, Any], ...] = ()  # (TrainConfig field, value) given on the command line
+    data: str = "builtin"
+    storage: str = DEFAULT_STORAGE
+    study_name: str | None = None
+    trials: int = 200
+    sampler: str | None = None  # None: tpe (single objective) or nsga2 (several)
+    pruner: str = "median"
+    objectives: tuple[str, ...] = ("loss",)
+    workers: int = 1
+    replicate_top: int = 4  # shapes besides the baseline that get seed replicates after an exhaustive walk
+    heartbeat_interval: int = 10
+    cache_dir: str | None = None
+
+    def validate(self) -> None:
+        if self.trials < 1:
+            raise UsageError(f"--trials {self.trials} is invalid: give at least 1")
+        if self.workers < 1:
+            raise UsageError(f"--workers {self.workers} is invalid: give at least 1")
+        if self.sampler is not None and self.sampler not in SAMPLERS:
+            raise UsageError(f"unknown sampler {self.sampler!r}; choose {', '.join(SAMPLERS)}")
+        if self.pruner not in PRUNERS:
+            raise UsageError(f"unknown pruner {self.pruner!r}; choose {', '.join(PRUNERS)}")
+        bad = [o for o in self.objectives if o not in OBJECTIVES]
+        if bad or not self.objectives or len(set(self.objectives)) != len(self.objectives) or self.objectives[0] != "loss":
+            raise UsageError(f"--objectives {','.join(self.objectives)!r} is invalid: use loss, loss,params or "
+                             "loss,tokens_per_s")
+        if self.sampler == "gp" and len(self.objectives) > 1:
+            raise UsageError("--sampler gp takes a single objective; use nsga2 or tpe for several")
+        if self.heartbeat_interval < 1:
+            raise UsageError(f"--heartbeat {self.heartbeat_interval} is invalid: give at least 1 second")
+
+
+def precheck(config: SearchConfig) -> None:
+    """Every check that needs neither torch nor the data: options, preset, training overrides, the space.
+
+    With the builtin data (byte-level, vocabulary 256) the space is built as the search will build it;
+    other data can change the vocabulary, so their space is checked once the data is loaded.
+    """
+    config.validate()
+    preset = get_preset(config.preset)
+    preset.train.with_(**dict(config.train_overrides))
+    if config.data == "builtin":
+        build_space(config.space, defaults=preset.baseline.replace(vocab_size=256))
