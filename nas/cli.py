@@ -137,6 +137,8 @@ def search(
         typer.echo("interrupted: the running trial is marked and re-queued; re-run the same command to resume",
                    err=True)
         raise typer.Exit(130) from None
+    for note in result.notes:
+        typer.echo(f"warning: {note}", err=True)
     name = result.config.study_name
     typer.echo(f"done: study {name!r} holds {trials_done(result.study)} trained trials. "
                f"Next: nas best --study-name {name} --storage {storage}", err=True)

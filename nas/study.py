@@ -27,7 +27,7 @@ import time
 import warnings
 from collections import defaultdict
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
 
 import optuna
@@ -68,6 +68,7 @@ class Search:
     data: TokenData
     exhaustive: bool
     worker: int = 0
+    notes: list[str] = field(default_factory=list)  # what the command should say besides the trials (a dead worker)
 
     @property
     def baseline(self) -> ArchConfig:
@@ -529,7 +530,7 @@ def run_search(config: SearchConfig, on_event: Callable[[TrialEvent], None] | No
                  for w in range(config.workers)]
     for p in processes:
         p.start()
-    errors, finished = [], set()
+    errors, died, finished = [], [], set()
     try:
         while len(finished) < len(processes):
             try:
@@ -538,8 +539,8 @@ def run_search(config: SearchConfig, on_event: Callable[[TrialEvent], None] | No
                 for worker, p in enumerate(processes):
                     if worker not in finished and not p.is_alive():
                         finished.add(worker)
-                        errors.append(f"worker {worker} died (exit code {p.exitcode}); its trial is re-queued "
-                                      "once its heartbeat is stale")
+                        died.append(f"worker {worker} died (exit code {p.exitcode}); its trial is re-queued "
+                                    "once its heartbeat is stale")
                 continue
             if kind == "event" and on_event is not None:
                 on_event(payload)
@@ -550,8 +551,9 @@ def run_search(config: SearchConfig, on_event: Callable[[TrialEvent], None] | No
     finally:
         for p in processes:
             p.join()
-    if errors:
-        raise SearchAborted("; ".join(errors))
+    if errors or (died and trials_done(search.study) < config.trials):
+        raise SearchAborted("; ".join(errors + died))
+    search.notes.extend(f"{message}; the other workers completed the study" for message in died)
     return search
 
 
