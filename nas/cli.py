@@ -123,8 +123,9 @@ def search(
     except UsageError as error:
         raise _usage(error) from None
     from nas.progress import Progress
-    from nas.study import SearchAborted, run_search, trials_done
+    from nas.study import SearchAborted, interruptible, run_search, trials_done
 
+    interruptible()
     try:
         progress = Progress(workers)
         result = run_search(config, on_event=progress, on_start=progress.start)

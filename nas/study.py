@@ -23,6 +23,8 @@ import json
 import math
 import multiprocessing
 import queue as queue_module
+import signal
+import threading
 import time
 import warnings
 from collections import defaultdict
@@ -500,7 +502,19 @@ def _is_surplus(study: optuna.Study, number: int, target: int) -> bool:
 
 
 # ----------------------------------------------------------------- several workers
+def interruptible() -> None:
+    """Make SIGINT raise ``KeyboardInterrupt`` even if this process started with it ignored.
+
+    A shell starts background jobs (``nas search ... &``, ``nohup``) with SIGINT ignored, and
+    Python then leaves it ignored; ``kill -INT`` must still stop a search cleanly (the running
+    trial marked interrupted and re-queued), as Ctrl-C does in a terminal.
+    """
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def _worker_main(config: SearchConfig, worker: int, queue: Any) -> None:
+    interruptible()
     try:
         search = open_search(config, worker=worker, create=False)
         run_worker(search, lambda event: queue.put(("event", worker, event)))

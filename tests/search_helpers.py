@@ -50,11 +50,23 @@ def run_nas(*args: str, cwd: Path, timeout: float = 300, cores: Iterable[int] | 
                           preexec_fn=on_cores(cores))
 
 
-def start_nas(*args: str, cwd: Path, log: Path, cores: Iterable[int] | None = (0,)) -> subprocess.Popen:
-    """``nas ...`` in the background, stdout and stderr into ``log`` (a pipe could fill up and block it)."""
+def start_nas(*args: str, cwd: Path, log: Path, cores: Iterable[int] | None = (0,),
+              sigint_ignored: bool = False) -> subprocess.Popen:
+    """``nas ...`` in the background, stdout and stderr into ``log`` (a pipe could fill up and block it).
+
+    ``sigint_ignored`` starts it as a shell starts a background job (``nas search ... &``): SIGINT ignored.
+    """
+    pin = on_cores(cores)
+
+    def prepare() -> None:
+        if pin is not None:
+            pin()
+        if sigint_ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
     with open(log, "w") as out:  # the child keeps its own copy of the descriptor
         return subprocess.Popen([*NAS, *args], cwd=cwd, env=nas_env(), stdout=out, stderr=subprocess.STDOUT,
-                                text=True, preexec_fn=on_cores(cores))
+                                text=True, preexec_fn=prepare)
 
 
 def stop(process: subprocess.Popen, sig: int = signal.SIGKILL) -> None:

@@ -99,8 +99,10 @@ def test_a_killed_trial_found_stale_after_the_rerun_planned_more_work_is_still_r
 
 
 def test_ctrl_c_marks_the_running_trial_interrupted_requeues_it_and_exits_130(tmp_path):
+    # started as a shell starts a background job, with SIGINT ignored (Python then keeps ignoring it unless
+    # told otherwise): `kill -INT` must stop it cleanly all the same, as Ctrl-C does in a terminal
     storage, log = sqlite_url(tmp_path / "ctrl-c.db"), tmp_path / "first.log"
-    process = start_nas(*search_args(storage, "ctrl-c"), cwd=tmp_path, log=log)
+    process = start_nas(*search_args(storage, "ctrl-c"), cwd=tmp_path, log=log, sigint_ignored=True)
     try:
         victim = wait_for(lambda: running_mid_trial(storage, "ctrl-c"), 240, "a running trial", process=process,
                           log=log)
