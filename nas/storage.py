@@ -176,3 +176,38 @@ def write_user_attrs(trial: optuna.Trial, attrs: dict[str, Any]) -> None:
         backend.check_trial_is_updatable(trial._trial_id, state)
         session.execute(statement)
     trial._cached_frozen_trial.user_attrs.update(attrs)  # what Trial.set_user_attr keeps in step, per key
+
+
+def unbeaten_trial_ids(study: optuna.Study, older_than_s: float) -> list[int]:
+    """Trials RUNNING for more than ``older_than_s`` seconds that never recorded a heartbeat.
+
+    Optuna's stale check (``fail_stale_trials``) skips trials without a heartbeat row, so a
+    worker killed in the milliseconds between ``ask()`` and its first beat would leave a trial
+    RUNNING forever, and workers waiting on it would wait forever. A live trial beats within
+    milliseconds of ``ask()``, so one that is this old without a beat was abandoned. Start
+    times are the asking worker's clock (Optuna's own convention), so ``older_than_s`` should
+    exceed any clock skew between machines. Non-RDB storages: ``[]``.
+    """
+    storage = study._storage
+    backend = getattr(storage, "_backend", storage)
+    if not isinstance(backend, optuna.storages.RDBStorage):
+        return []
+    from datetime import datetime, timedelta, timezone
+
+    from optuna.storages._rdb import models
+    from optuna.storages._rdb.storage import _create_scoped_session
+    from optuna.trial import TrialState
+
+    if hasattr(models.TrialModel, "_datetime_start_utc"):  # Optuna 5 stores naive UTC
+        started, now = models.TrialModel._datetime_start_utc, datetime.now(timezone.utc).replace(tzinfo=None)
+    else:  # Optuna 4: naive local time
+        started, now = models.TrialModel.datetime_start, datetime.now()
+    cutoff = now - timedelta(seconds=older_than_s)
+    beaten = sqlalchemy.select(models.TrialHeartbeatModel.trial_id)
+    query = (sqlalchemy.select(models.TrialModel.trial_id)
+             .where(models.TrialModel.study_id == study._study_id)
+             .where(models.TrialModel.state == TrialState.RUNNING)
+             .where(started < cutoff)
+             .where(models.TrialModel.trial_id.not_in(beaten)))
+    with _create_scoped_session(backend.scoped_session) as session:
+        return list(session.execute(query).scalars())

@@ -42,7 +42,7 @@ from nas.heartbeat import Heartbeat
 from nas.records import (arch_of, counts, in_flight, is_duplicate, key_seed, loss_of, result_attrs, set_attrs,
                          shape_attrs)
 from nas.search_config import OBJECTIVES, PRUNERS, SAMPLERS, SearchConfig  # noqa: F401 - re-exported
-from nas.storage import make_storage
+from nas.storage import make_storage, unbeaten_trial_ids
 from runners.config import TrainConfig
 from runners.device import available_cores
 from runners.presets import get_preset
@@ -53,6 +53,7 @@ from search_spaces.factory import SpaceOptions, build_space
 POLL_S = 0.5  # how often a waiting worker looks at the storage again
 MAX_DUPLICATE_STREAK = 10  # after this many duplicates in a row, one random proposal breaks the loop
 MAX_ERROR_STREAK = 3  # trials in a row crashing with an error (not a result) stop the worker
+ABANDONED_AFTER_S = 120.0  # a RUNNING trial this old that never beat was abandoned (worker died right after ask)
 
 
 class SearchAborted(RuntimeError):
@@ -284,6 +285,7 @@ def _find_original(search: Search, key: str, seed: int, number: int, heartbeat: 
         if not any(in_flight(t) and t.number < number and key_seed(t) in (None, (key, seed)) for t in trials):
             return None
         _fail_stale(search.study)
+        _fail_abandoned(search.study)
         time.sleep(POLL_S)
 
 
@@ -291,6 +293,23 @@ def _fail_stale(study: optuna.Study) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
+
+
+def _fail_abandoned(study: optuna.Study) -> None:
+    """Fail (and re-queue, if it has a shape) every trial whose worker died before its first heartbeat.
+
+    Called only while a worker waits on other trials, which is when such a trial would block it.
+    """
+    for trial_id in unbeaten_trial_ids(study, ABANDONED_AFTER_S):
+        number = study._storage.get_trial_number_from_id(trial_id)
+        try:
+            study._storage.set_trial_user_attr(trial_id, "status", "abandoned")
+            study._storage.set_trial_user_attr(trial_id, "reason", "its worker died before the first heartbeat")
+            study._storage.set_trial_state_values(trial_id, state=TrialState.FAIL)
+        except optuna.exceptions.UpdateFinishedTrialError:  # another worker got there first, or it just ended
+            continue
+        if "key" in study._storage.get_trial(trial_id).user_attrs:
+            _requeue(study, number)
 
 
 def _values(search: Search, arch: ArchConfig, loss: float, tokens_per_s: float) -> list[float]:
@@ -430,6 +449,7 @@ def run_worker(search: Search, on_event: Callable[[TrialEvent], None] | None = N
         if counted >= target:
             return trained
         if counted + sum(in_flight(t) for t in trials) >= target:
+            _fail_abandoned(study)
             time.sleep(POLL_S)  # the rest is running elsewhere; stay in case one of them fails
             continue
         plan = plan_next(search, trials)

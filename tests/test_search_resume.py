@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import signal
+import threading
+import time
 
 import optuna
 import pytest
 from optuna.trial import FrozenTrial, TrialState
 
 from nas.records import counts, key_seed
-from nas.study import SearchConfig, run_search
+import nas.study
+from nas.study import SearchConfig, open_search, run_search
 from runners.presets import get_preset
 from search_helpers import SPACE3, TINY, assert_no_repeated_work, counted, load_trials, run_nas, sqlite_url, \
     start_nas, stop, wait_for
@@ -159,3 +162,26 @@ def test_a_worker_whose_trial_was_failed_as_stale_meanwhile_goes_on(tmp_path, on
     assert [e.state for e in events if e.number == lost[0]] == ["stale"]
     (retry,) = retries_of(trials, lost[0])
     assert counts(retry) and key_seed(retry) == key_seed(trials[lost[0]])
+
+
+def test_a_trial_abandoned_before_its_first_heartbeat_does_not_hang_the_search(tmp_path, one_thread, monkeypatch):
+    # a worker killed between ask() and its first heartbeat leaves a RUNNING trial that Optuna's stale check never
+    # fails (it has no heartbeat row); a waiting worker must fail it and re-queue its shape after ABANDONED_AFTER_S
+    monkeypatch.setattr(nas.study, "ABANDONED_AFTER_S", 1.0)
+    storage = sqlite_url(tmp_path / "abandoned.db")
+    config = SearchConfig(space=SpaceOptions(space="prism"), preset="tiny", storage=storage, study_name="abandoned",
+                          trials=TRIALS, heartbeat_interval=1, train_overrides=(("tokens", 8_000),))
+    orphan = open_search(config).study.ask()  # pops the queued baseline, as a worker that dies right after would
+    time.sleep(1.5)
+    finished = threading.Event()
+    worker = threading.Thread(target=lambda: (run_search(config), finished.set()), daemon=True)
+    worker.start()
+    worker.join(timeout=240)
+    assert finished.is_set(), "the search still waits on the abandoned trial"
+    trials = load_trials(storage, "abandoned")
+    abandoned = trials[orphan.number]
+    assert abandoned.state == TrialState.FAIL and abandoned.user_attrs["status"] == "abandoned"
+    (retry,) = retries_of(trials, orphan.number)
+    assert key_seed(retry) == key_seed(abandoned) and counts(retry) and retry.user_attrs["role"] == "baseline"
+    assert_no_repeated_work(trials, TRIALS)
+    assert_walked_every_member_once(trials)

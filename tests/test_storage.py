@@ -1,14 +1,15 @@
-"""``nas.storage.write_user_attrs``: one transaction per trial's attributes, the same stored values as Optuna's API."""
+"""``nas.storage``: one-transaction attribute writes (same values as Optuna's API), trials that never beat."""
 
 from __future__ import annotations
 
 import math
+import time
 
 import optuna
 import pytest
 from optuna.trial import TrialState
 
-from nas.storage import make_storage, write_user_attrs
+from nas.storage import make_storage, unbeaten_trial_ids, write_user_attrs
 
 ATTRS = {"key": "h=4x4", "seed": 3, "curve": [[1, 2.5], [2, None]], "arch": {"heads": [1, 2], "k": 4},
          "val_loss": 2.75, "reason": None, "unicode": "Δ h_l ≤ h_{l+1}"}
@@ -49,3 +50,22 @@ def test_other_storages_take_optunas_per_key_api():
     study.tell(trial, 0.0)
     assert study.trials[0].user_attrs == {"a": 1, "b": [math.pi]}
     assert study.trials[0].state == TrialState.COMPLETE
+
+
+def _check_unbeaten(url: str) -> None:
+    study = optuna.create_study(storage=make_storage(url, heartbeat_interval=1), study_name="beats")
+    silent, beating, done = study.ask(), study.ask(), study.ask()
+    study._storage.record_heartbeat(beating._trial_id)
+    study.tell(done, 1.0)
+    assert unbeaten_trial_ids(study, older_than_s=60) == []  # too young to call abandoned
+    time.sleep(1.2)
+    assert unbeaten_trial_ids(study, older_than_s=1) == [silent._trial_id]  # not the beating one, not the finished
+
+
+def test_trials_that_never_beat_are_found_once_old_enough_on_sqlite(tmp_path):
+    _check_unbeaten(f"sqlite:///{tmp_path / 'beats.db'}")
+
+
+@pytest.mark.slow
+def test_trials_that_never_beat_are_found_once_old_enough_on_postgresql(postgres_url):
+    _check_unbeaten(postgres_url)
