@@ -22,6 +22,7 @@ import hashlib
 import json
 import math
 import multiprocessing
+import os
 import queue as queue_module
 import signal
 import threading
@@ -523,14 +524,49 @@ def _is_surplus(study: optuna.Study, number: int, target: int) -> bool:
 
 # ----------------------------------------------------------------- several workers
 def interruptible() -> None:
-    """Make SIGINT raise ``KeyboardInterrupt`` even if this process started with it ignored.
+    """Make SIGINT and SIGTERM raise ``KeyboardInterrupt``: a clean stop, the running trial re-queued.
 
     A shell starts background jobs (``nas search ... &``, ``nohup``) with SIGINT ignored, and
-    Python then leaves it ignored; ``kill -INT`` must still stop a search cleanly (the running
-    trial marked interrupted and re-queued), as Ctrl-C does in a terminal.
+    Python then leaves it ignored; ``kill -INT`` must still stop a search as Ctrl-C does in a
+    terminal. SIGTERM (``kill``, a batch scheduler's notice before SIGKILL) stops it the same way
+    instead of leaving the trial to be found stale after the heartbeat grace period.
     """
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, _terminated)
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _interrupt_workers(processes: list, queue: Any, grace_s: float = 3.0) -> None:
+    """Pass an interrupt on to workers still running after ``grace_s``.
+
+    Ctrl-C in a terminal reaches every worker at once (one process group); ``kill -INT`` or
+    ``kill`` reaches only this process, and without this its workers would train on.
+    """
+    _wait_for_workers(processes, queue, timeout=grace_s)
+    for p in processes:
+        if p.is_alive():
+            os.kill(p.pid, signal.SIGINT)
+
+
+def _wait_for_workers(processes: list, queue: Any, timeout: float | None = None) -> None:
+    """Wait for the workers to end, reading (and dropping) what they still send.
+
+    A process that put items on a ``multiprocessing.Queue`` exits only once they are flushed into
+    the pipe, so joining without reading can deadlock (Python's "joining processes that use queues").
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while any(p.is_alive() for p in processes) and (deadline is None or time.monotonic() < deadline):
+        try:
+            queue.get(timeout=POLL_S / 5)
+        except queue_module.Empty:
+            pass
+    if deadline is None:
+        for p in processes:
+            p.join()
 
 
 def _worker_main(config: SearchConfig, worker: int, queue: Any) -> None:
@@ -582,9 +618,11 @@ def run_search(config: SearchConfig, on_event: Callable[[TrialEvent], None] | No
                 finished.add(worker)
                 if kind == "error":
                     errors.append(f"worker {worker}: {payload}")
+    except KeyboardInterrupt:
+        _interrupt_workers(processes, queue)
+        raise
     finally:
-        for p in processes:
-            p.join()
+        _wait_for_workers(processes, queue)
     if errors or (died and trials_done(search.study) < config.trials):
         raise SearchAborted("; ".join(errors + died))
     search.notes.extend(f"{message}; the other workers completed the study" for message in died)

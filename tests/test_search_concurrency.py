@@ -147,3 +147,32 @@ def test_a_killed_worker_does_not_hang_the_search_and_its_trial_is_retried(tmp_p
     # 3 members, 4 trials: every member trained once (the killed one too), then one replicate
     assert sorted(key_seed(t) for t in counted(trials) if t.user_attrs["seed"] == 0) == sorted(
         (m, 0) for m in members_of(SpaceOptions(space="prism")))
+
+
+def test_sigterm_to_the_parent_stops_every_worker_cleanly(tmp_path):
+    # `kill` (SIGTERM) reaches only the parent of `--workers 2`; it passes the stop on, and each worker marks its
+    # running trial interrupted and re-queues it, as Ctrl-C in a terminal (which reaches all of them) does
+    storage, log = sqlite_url(tmp_path / "term.db"), tmp_path / "search.log"
+    process = start_nas("search", *SPACE3, *TINY, "--tokens", "32k", "--trials", "4", "--workers", "2",
+                        "--heartbeat", "1", "--storage", storage, "--study-name", "term", cwd=tmp_path, log=log,
+                        cores=None)
+    try:
+        def two_running() -> list[FrozenTrial]:
+            running = [t for t in load_trials(storage, "term") if t.state == TrialState.RUNNING  # 32 reports each
+                       and 1 <= len(t.intermediate_values) <= 16]
+            return running if len(running) == 2 else []
+
+        victims = wait_for(two_running, 240, "two trials training at once", process=process, log=log)
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(timeout=60)
+    finally:
+        stop(process)
+    output = log.read_text()
+    assert code == 130 and "interrupted" in output.splitlines()[-1] and "Traceback" not in output, output
+    trials = load_trials(storage, "term")
+    assert not [t.number for t in trials if t.state == TrialState.RUNNING]
+    for victim in victims:
+        stopped = trials[victim.number]
+        assert stopped.state == TrialState.FAIL and stopped.user_attrs["status"] == "interrupted"
+        (requeued,) = [t for t in trials if t.system_attrs.get("failed_trial") == victim.number]
+        assert requeued.state == TrialState.WAITING and key_seed(requeued) == key_seed(stopped)
