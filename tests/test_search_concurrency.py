@@ -6,7 +6,9 @@ import json
 import multiprocessing
 import os
 import signal
+import subprocess
 import time
+from pathlib import Path
 
 import optuna
 import pytest
@@ -115,21 +117,32 @@ def test_two_workers_on_two_machines_share_a_postgresql_study(tmp_path, postgres
         pytest.skip("the two machines never trained at the same time (machine too loaded to show parallelism)")
 
 
+def start_two_workers(tmp_path: Path, study: str) -> tuple[str, Path, subprocess.Popen]:
+    """``nas search --workers 2`` on the 3-member space, 4 trials of 32k tokens (32 reports each), heartbeat 1 s."""
+    storage, log = sqlite_url(tmp_path / f"{study}.db"), tmp_path / "search.log"
+    process = start_nas("search", *SPACE3, *TINY, "--tokens", "32k", "--trials", "4", "--workers", "2",
+                        "--heartbeat", "1", "--storage", storage, "--study-name", study, cwd=tmp_path, log=log,
+                        cores=None)
+    return storage, log, process
+
+
+def wait_for_two_trials_training(storage: str, study: str, process, log) -> list[FrozenTrial]:
+    """The two running trials once both are between their first report and half of their 32."""
+    def two_running() -> list[FrozenTrial]:
+        running = [t for t in load_trials(storage, study) if t.state == TrialState.RUNNING
+                   and 1 <= len(t.intermediate_values) <= 16]
+        return running if len(running) == 2 else []
+
+    return wait_for(two_running, 240, "two trials training at once", process=process, log=log)
+
+
 def test_a_killed_worker_does_not_hang_the_search_and_its_trial_is_retried(tmp_path):
     # one of two local workers is SIGKILLed mid-trial: the other finishes the study (failing and re-queuing the
     # killed trial once its heartbeat is 3 s old), and the command says so (exit 0: the study is complete)
     # instead of waiting for the dead one
-    storage, log = sqlite_url(tmp_path / "kill.db"), tmp_path / "search.log"
-    process = start_nas("search", *SPACE3, *TINY, "--tokens", "32k", "--trials", "4", "--workers", "2",
-                        "--heartbeat", "1", "--storage", storage, "--study-name", "kill", cwd=tmp_path, log=log,
-                        cores=None)
+    storage, log, process = start_two_workers(tmp_path, "kill")
     try:
-        def two_running() -> list[FrozenTrial]:
-            running = [t for t in load_trials(storage, "kill") if t.state == TrialState.RUNNING  # 32 reports each
-                       and 1 <= len(t.intermediate_values) <= 16]
-            return running if len(running) == 2 else []
-
-        wait_for(two_running, 240, "two trials training at once", process=process, log=log)
+        wait_for_two_trials_training(storage, "kill", process, log)
         os.kill(child_pids(process.pid)[0], signal.SIGKILL)
         code = process.wait(timeout=300)
     finally:
@@ -152,17 +165,9 @@ def test_a_killed_worker_does_not_hang_the_search_and_its_trial_is_retried(tmp_p
 def test_sigterm_to_the_parent_stops_every_worker_cleanly(tmp_path):
     # `kill` (SIGTERM) reaches only the parent of `--workers 2`; it passes the stop on, and each worker marks its
     # running trial interrupted and re-queues it, as Ctrl-C in a terminal (which reaches all of them) does
-    storage, log = sqlite_url(tmp_path / "term.db"), tmp_path / "search.log"
-    process = start_nas("search", *SPACE3, *TINY, "--tokens", "32k", "--trials", "4", "--workers", "2",
-                        "--heartbeat", "1", "--storage", storage, "--study-name", "term", cwd=tmp_path, log=log,
-                        cores=None)
+    storage, log, process = start_two_workers(tmp_path, "term")
     try:
-        def two_running() -> list[FrozenTrial]:
-            running = [t for t in load_trials(storage, "term") if t.state == TrialState.RUNNING  # 32 reports each
-                       and 1 <= len(t.intermediate_values) <= 16]
-            return running if len(running) == 2 else []
-
-        victims = wait_for(two_running, 240, "two trials training at once", process=process, log=log)
+        victims = wait_for_two_trials_training(storage, "term", process, log)
         process.send_signal(signal.SIGTERM)
         code = process.wait(timeout=60)
     finally:
