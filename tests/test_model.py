@@ -94,15 +94,19 @@ def test_logits_match_hf_llama_with_the_same_weights(arch: ArchConfig) -> None:
     assert rel <= 1e-5
 
 
-@pytest.mark.parametrize("arch, T", [
-    (uniform(2, 96, 12, 256, FFNShape(1, 256)), 128),  # the default proxy's head dim 8, its context 128
-    (uniform(2, 96, 8, 300, FFNShape(1, 192), tie_embeddings=False), 100),  # head dim 12, T not a block multiple
-], ids=["dh8-T128", "dh12-T100"])
-def test_narrow_head_cpu_attention_matches_hf_in_logits_and_gradients(arch: ArchConfig, T: int) -> None:
-    """Head dims <= NARROW_HEAD_DIM at T >= 64 train through _NarrowHeadAttention (own forward and backward)."""
-    from nas.model import NARROW_HEAD_DIM
+@pytest.mark.parametrize("arch, T, blocked", [
+    (uniform(2, 96, 12, 256, FFNShape(1, 256)), 128, True),  # the default proxy's head dim 8, its context 128
+    (uniform(2, 96, 8, 300, FFNShape(1, 192), tie_embeddings=False), 100, True),  # head dim 12, 2 uneven blocks
+    (uniform(2, 64, 2, 256, FFNShape(1, 2048)), 200, True),  # head dim 32, 3 query blocks, _GatedUpProjection
+    (uniform(1, 32, 4, 256, FFNShape(1, 64)), 24, True),  # a single block shorter than QUERY_BLOCK
+    (uniform(1, 32, 1, 256, FFNShape(1, 64)), 600, False),  # beyond BLOCKED_ATTENTION_MAX_T: SDPA
+], ids=["dh8-T128", "dh12-T100", "dh32-T200", "dh8-T24", "sdpa-T600"])
+def test_cpu_attention_paths_match_hf_in_logits_and_gradients(arch: ArchConfig, T: int, blocked: bool) -> None:
+    """CPU training through _BlockedCausalAttention (own forward and backward) or SDPA matches HF's eager LLaMA."""
+    from nas.model import use_blocked_attention
 
-    assert arch.d_model // arch.heads[0] <= NARROW_HEAD_DIM and T >= 64  # the path under test is taken
+    # the path under test is taken (batch 3)
+    assert use_blocked_attention(torch.device("cpu"), 3 * arch.heads[0], T, 4) == blocked
     torch.manual_seed(0)
     model = Transformer(arch)
     with torch.no_grad():
@@ -180,3 +184,46 @@ def test_odd_head_dims_use_partial_rotary() -> None:
     model = Transformer(arch)
     loss = model(torch.randint(0, 30, (2, 7)), torch.randint(0, 30, (2, 7)))
     assert torch.isfinite(loss)
+
+
+def test_rms_norm_function_matches_autograd_through_f_rms_norm() -> None:
+    """The hand-written RMSNorm backward: gradcheck in float64, and equal to F.rms_norm's autograd in fp32."""
+    from nas.model import RMSNorm, _RMSNormFunction
+
+    torch.manual_seed(0)
+    x64 = torch.randn(2, 5, 7, dtype=torch.float64, requires_grad=True)
+    w64 = torch.randn(7, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b: _RMSNormFunction.apply(a, b, 1e-5), (x64, w64))
+    norm = RMSNorm(48, 1e-5)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x = (3 * torch.randn(4, 33, 48)).requires_grad_()
+    dy = torch.randn(4, 33, 48)
+    ours = norm(x)
+    reference = torch.nn.functional.rms_norm(x, (48,), norm.weight, 1e-5)
+    torch.testing.assert_close(ours, reference)
+    mine = torch.autograd.grad(ours, (x, norm.weight), dy)
+    theirs = torch.autograd.grad(reference, (x, norm.weight), dy)
+    for a, b in zip(mine, theirs):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * b.abs().max().item())
+
+
+def test_gated_up_projection_matches_autograd_through_the_fused_matmul() -> None:
+    """The wide-FFN path (_GatedUpProjection, own backward): gradcheck in float64, equal to autograd in fp32."""
+    from nas.model import GATED_UP_MIN_ELEMENTS, SwiGLU, _GatedUpProjection
+
+    torch.manual_seed(0)
+    x64 = torch.randn(2, 3, 5, dtype=torch.float64, requires_grad=True)
+    w64 = torch.randn(8, 5, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(_GatedUpProjection.apply, (x64, w64))
+    ffn = SwiGLU(64, 4096)
+    x = torch.randn(2, 128, 64, requires_grad=True)
+    assert 2 * 128 * 4096 >= GATED_UP_MIN_ELEMENTS  # the path under test is taken
+    dy = torch.randn(2, 128, 64)
+    gate, up = (x @ ffn.gate_up.weight.t()).chunk(2, dim=-1)
+    reference = ffn.down(torch.nn.functional.silu(gate) * up)
+    ours = ffn(x)
+    torch.testing.assert_close(ours, reference)
+    params = (x, ffn.gate_up.weight, ffn.down.weight)
+    for mine, theirs in zip(torch.autograd.grad(ours, params, dy), torch.autograd.grad(reference, params, dy)):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-5 * theirs.abs().max().item())
