@@ -52,6 +52,7 @@ from search_spaces.base import SearchSpace
 from search_spaces.factory import SpaceOptions, build_space
 
 POLL_S = 0.5  # how often a waiting worker looks at the storage again
+MEDIAN_STARTUP_TRIALS = 5  # completed trainings with a value at a step before the median pruner prunes there
 MAX_DUPLICATE_STREAK = 10  # after this many duplicates in a row, one random proposal breaks the loop
 MAX_ERROR_STREAK = 3  # trials in a row crashing with an error (not a result) stop the worker
 ABANDONED_AFTER_S = 120.0  # a RUNNING trial this old that never beat was abandoned (worker died right after ask)
@@ -158,7 +159,11 @@ def make_pruner(config: SearchConfig, train: TrainConfig) -> optuna.pruners.Base
     if config.pruner == "none" or len(config.objectives) > 1:  # Optuna prunes single-objective studies only
         return optuna.pruners.NopPruner()
     if config.pruner == "median":
-        return optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=0)
+        # Duplicates are told COMPLETE (with the original's value, without intermediate values), so
+        # n_startup_trials alone would count them; n_min_trials counts only completed trials that
+        # reported at the step in question, i.e. real trainings.
+        return optuna.pruners.MedianPruner(n_startup_trials=MEDIAN_STARTUP_TRIALS, n_warmup_steps=0,
+                                           n_min_trials=MEDIAN_STARTUP_TRIALS)
     return optuna.pruners.HyperbandPruner(min_resource=train.eval_every, max_resource=train.tokens,
                                           reduction_factor=3)
 

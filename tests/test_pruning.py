@@ -1,0 +1,51 @@
+"""The median pruner waits for real trainings, not for duplicates answered from stored results."""
+
+from __future__ import annotations
+
+import optuna
+from optuna.trial import TrialState
+
+from nas.search_config import SearchConfig
+from nas.study import MEDIAN_STARTUP_TRIALS, make_pruner
+from runners.config import TrainConfig
+
+STEP = 8_192
+
+
+def _study() -> optuna.Study:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna.create_study(pruner=make_pruner(SearchConfig(pruner="median"), TrainConfig()))
+
+
+def _trained(study: optuna.Study, loss: float) -> None:
+    """A trial that trained: an intermediate value at STEP, then complete."""
+    trial = study.ask()
+    trial.report(loss, STEP)
+    study.tell(trial, loss)
+
+
+def _duplicate(study: optuna.Study, loss: float) -> None:
+    """How ``nas.study`` answers a duplicate of a completed trial: COMPLETE, no intermediate values."""
+    study.tell(study.ask(), loss)
+
+
+def _would_prune(study: optuna.Study, loss: float) -> bool:
+    trial = study.ask()
+    trial.report(loss, STEP)
+    pruned = trial.should_prune()
+    study.tell(trial, state=TrialState.PRUNED if pruned else TrialState.FAIL)
+    return pruned
+
+
+def test_duplicates_do_not_count_towards_the_median_pruners_start_up() -> None:
+    study = _study()
+    _trained(study, 2.0)
+    for _ in range(2 * MEDIAN_STARTUP_TRIALS):
+        _duplicate(study, 2.0)
+    # one real training and many duplicates: a much worse trial is still not pruned
+    assert not _would_prune(study, 9.0)
+    for _ in range(MEDIAN_STARTUP_TRIALS - 1):
+        _trained(study, 2.0)
+    # now MEDIAN_STARTUP_TRIALS trainings reported at this step: the same trial is pruned
+    assert _would_prune(study, 9.0)
+    assert not _would_prune(study, 1.5)
