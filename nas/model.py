@@ -271,9 +271,9 @@ class Attention(nn.Module):
         """
         B, T, D = x.shape
         q, k, v = self._qkv(x)  # (B, H, T, Dh) each
-        scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, H, T, T)
-        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
-        probs = scores.masked_fill(mask, float("-inf")).softmax(dim=-1)
+        scores = (q * (1.0 / math.sqrt(self.head_dim))) @ k.transpose(-2, -1)  # (B, H, T, T)
+        scores.add_(_causal_mask(T, scores.dtype, scores.device))  # in place: matmul keeps no output
+        probs = scores.softmax(dim=-1)
         y = (probs @ v).transpose(1, 2)  # (B, T, H, Dh)
         return self.out(y.reshape(B, T, D)), probs
 

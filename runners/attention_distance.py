@@ -13,12 +13,15 @@ from nas.model import Transformer
 
 
 def mean_attention_distance(probs: torch.Tensor) -> float:
-    """``probs`` (B, H, T, T), rows summing to 1 -> the scalar ``D`` for that layer."""
-    probs = probs.float()
-    T = probs.shape[-1]
-    pos = torch.arange(T, device=probs.device, dtype=probs.dtype)
+    """``probs`` (B, H, T, T), rows summing to 1 -> the scalar ``D`` for that layer.
+
+    ``D = sum_ij S_ij |i - j| / (B H T)`` with ``S = sum over batch and heads of P``: one pass over P.
+    """
+    B, H, T, _ = probs.shape
+    pos = torch.arange(T, device=probs.device, dtype=torch.float32)
     distance = (pos[:, None] - pos[None, :]).abs()  # (T, T): |i - j|
-    return float((probs * distance).sum(-1).mean())
+    summed = probs.sum(dim=(0, 1), dtype=torch.float32)  # (T, T): one pass over P, then (T, T) work
+    return float((summed * distance).sum() / (B * H * T))
 
 
 @torch.no_grad()
