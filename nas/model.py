@@ -13,8 +13,8 @@ The forward path has no per-head Python loop: a layer's head count only changes 
 ``benchmarks/``, figure 2): W_Q, W_K, W_V are one ``d -> 3d`` matmul and gate, up one
 ``d -> 2 d_h`` matmul; splitting q, k, v and rotating q, k is one autograd node
 (``_RotaryQKV``: no temporaries, one gradient buffer); on CPU up to T = 512, attention is
-``_BlockedCausalAttention`` instead of SDPA's flash kernel (1.46x faster for the default proxy's
-attention layer, 1.0-1.2x at head dims 32-64), and RMSNorm has its own backward
+``_BlockedCausalAttention`` instead of SDPA's flash kernel (1.5x faster for the default proxy's
+attention layer, 1.07-1.22x at head dims 32-64), and RMSNorm has its own backward
 (``_RMSNormFunction``, 1.6x faster than autograd through ``F.rms_norm``), as does the gated
 up-projection of wide FFNs (``_GatedUpProjection``: no (N, 2F) gradient concatenation). All paths match HF
 within float rounding (tests check logits and gradients).
@@ -229,8 +229,8 @@ def use_blocked_attention(device: torch.device, n_heads_total: int, seq_len: int
 
     Measured on 2 cores, forward + backward against SDPA's flash kernel: the kernels alone 1.15-1.35x
     faster for head dims 8-128 at T = 32-512 and 0.9-1.05x at T = 1024; a whole attention layer
-    (projections, RoPE, output) 1.46x at the default proxy (Dh 8, T 128), 1.0-1.04x at Dh 32-64,
-    T 128-256, 1.19x at T 512. The blocked kernel keeps ``~0.6 N T^2`` scores per layer for the
+    (projections, RoPE, output) 1.52x at the default proxy (Dh 8, T 128), 1.07-1.10x at Dh 32-64,
+    T 128-256, 1.22x at T 512. The blocked kernel keeps ``~0.6 N T^2`` scores per layer for the
     backward (flash keeps O(N T)), hence the memory bound.
     """
     saved = n_heads_total * seq_len * seq_len * element_size * 0.6
