@@ -566,9 +566,9 @@ def _wait_for_workers(processes: list, queue: Any, timeout: float | None = None)
     deadline = None if timeout is None else time.monotonic() + timeout
     while any(p.is_alive() for p in processes) and (deadline is None or time.monotonic() < deadline):
         try:
-            queue.get(timeout=POLL_S / 5)
+            queue.get(timeout=POLL_S / 5)  # drained and dropped: the parent has stopped reporting
         except queue_module.Empty:
-            pass
+            continue  # nothing to drain this poll; check the workers again
     if deadline is None:
         for p in processes:
             p.join()
