@@ -66,6 +66,8 @@ def machine_info(threads: int, device: str) -> dict[str, Any]:
     import optuna
     import torch
 
+    from nas import fused_cpu
+
     try:
         import transformers
         hf_version = transformers.__version__
@@ -85,6 +87,7 @@ def machine_info(threads: int, device: str) -> dict[str, Any]:
         "numpy": numpy.__version__,
         "env": {k: os.environ.get(k) for k in (*ENV_DEFAULTS, "OMP_WAIT_POLICY", "OMP_NUM_THREADS")},
         "load_avg_start": _loadavg(),
+        "fused_cpu_kernels": fused_cpu.status(),
     }
     if device.startswith("cuda"):
         info["gpu"] = torch.cuda.get_device_name(0)
@@ -289,6 +292,7 @@ def markdown(figures: list[Figure], info: dict[str, Any], command: str) -> str:
     env = " ".join(f"{k}={v}" for k, v in info["env"].items() if v is not None) or "(none)"
     lines.append(f"- environment: {env}; load average at start {info.get('load_avg_start')}, "
                  f"at end {info.get('load_avg_end')}")
+    lines.append(f"- fused CPU kernels (nas/fused_cpu.c): {info.get('fused_cpu_kernels')}")
     lines += ["", "| # | figure | target | result | verdict |", "|---|---|---|---|---|"]
     for f in figures:
         lines.append(f"| {f.number} | {f.title} | {_cell(f.target)} | {_cell(f.summary)} "

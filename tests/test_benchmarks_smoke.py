@@ -50,6 +50,7 @@ def test_smoke_json_records_the_machine_versions_and_the_command(smoke_run) -> N
     for key in ("date_utc", "cpu", "cores", "threads", "torch", "optuna", "python", "env", "total_seconds"):
         assert machine.get(key) not in (None, ""), key
     assert machine["env"]["MALLOC_MMAP_MAX_"] is not None  # the re-exec set the allocator variables
+    assert machine["fused_cpu_kernels"].startswith(("on (", "off: "))
     assert data["command"].startswith("python -m benchmarks --smoke")
 
 

@@ -1,0 +1,143 @@
+"""The fused C kernels (nas/fused_cpu.c) against the PyTorch ops they replace, and their build/fallback logic."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nas import fused_cpu
+from nas.arch import ArchConfig, FFNShape
+from nas.model import RotaryTable, Transformer, _RotaryQKV
+
+pytestmark = pytest.mark.skipif(fused_cpu.library() is None, reason=f"fused CPU kernels: {fused_cpu.status()}")
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
+def threads(request):
+    previous = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(previous)
+
+
+@pytest.mark.parametrize("shape", [(7,), (3, 5), (4096, 33), (129, 257)])  # below and above the parallel threshold
+def test_swiglu_matches_autograd(shape, threads) -> None:
+    torch.manual_seed(0)
+    gate, up, d_out = torch.randn(shape) * 4, torch.randn(shape), torch.randn(shape)
+    gate.view(-1)[:6] = torch.tensor([-100.0, 100.0, 0.0, -88.5, 88.5, 1e-30])[: gate.numel()]
+    g, u = gate.clone().requires_grad_(), up.clone().requires_grad_()
+    expected = F.silu(g) * u
+    expected.backward(d_out)
+    out = fused_cpu.swiglu_forward(gate, up)
+    d_gate, d_up = fused_cpu.swiglu_backward(d_out, gate, up)
+    torch.testing.assert_close(out, expected.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(d_gate, g.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(d_up, u.grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("rows,width", [(1, 1), (3, 7), (1000, 96), (4096, 256)])
+def test_rmsnorm_matches_autograd(rows, width, threads) -> None:
+    torch.manual_seed(1)
+    x, weight, d_y = torch.randn(rows, width) * 3, torch.randn(width), torch.randn(rows, width)
+    xr, wr = x.clone().requires_grad_(), weight.clone().requires_grad_()
+    expected = F.rms_norm(xr, (width,), wr, 1e-5)
+    expected.backward(d_y)
+    y, rstd = fused_cpu.rmsnorm_forward(x, weight, 1e-5)
+    dx, d_weight = fused_cpu.rmsnorm_backward(d_y, x, weight, rstd)
+    assert rstd.shape == (rows,)
+    torch.testing.assert_close(y, expected.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dx, xr.grad, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(d_weight, wr.grad, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("batch,seq,heads,head_dim", [(1, 1, 1, 1), (2, 5, 3, 7), (4, 64, 12, 8), (2, 128, 8, 32)])
+def test_rope_qkv_matches_the_pytorch_path(batch, seq, heads, head_dim, threads) -> None:
+    torch.manual_seed(2)
+    cos, sin = RotaryTable(head_dim, 10_000.0).table(seq, torch.device("cpu"), torch.float32)
+    qkv = torch.randn(batch, seq, 3 * heads * head_dim)
+    grads = [torch.randn(batch, heads, seq, head_dim) for _ in range(3)]
+    with fused_cpu.enabled(False):
+        reference = qkv.clone().requires_grad_()
+        expected = _RotaryQKV.apply(reference, cos, sin, heads)
+        torch.autograd.backward(expected, grads)
+    out = fused_cpu.rope_qkv_forward(qkv, cos, sin, heads)
+    grad = fused_cpu.rope_qkv_backward(*grads, cos, sin)
+    torch.testing.assert_close(out, torch.stack(expected).detach(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(grad, reference.grad, rtol=1e-6, atol=1e-6)
+
+
+def test_model_gives_the_same_loss_and_gradients_with_and_without_the_kernels() -> None:
+    """A Prism schedule with an hourglass FFN (K=2) and an odd head dim: every fused path, end to end."""
+    arch = ArchConfig(n_layers=3, d_model=42, heads=(2, 6, 6), ffn=FFNShape(2, 24), vocab_size=50)
+    torch.manual_seed(3)
+    model = Transformer(arch)
+    idx, targets = torch.randint(0, 50, (3, 40)), torch.randint(0, 50, (3, 40))
+    results = {}
+    for flag in (False, True):
+        model.zero_grad(set_to_none=True)
+        with fused_cpu.enabled(flag):
+            loss = model(idx, targets)
+            loss.backward()
+        results[flag] = (loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()})
+    torch.testing.assert_close(results[True][0], results[False][0], rtol=1e-6, atol=1e-6)
+    for name, grad in results[False][1].items():
+        torch.testing.assert_close(results[True][1][name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def _status_in_subprocess(env: dict[str, str]) -> dict:
+    code = ("import json, warnings, torch\n"
+            "with warnings.catch_warnings(record=True) as caught:\n"
+            "    warnings.simplefilter('always')\n"
+            "    from nas import fused_cpu\n"
+            "    from nas.arch import uniform\n"
+            "    from nas.model import Transformer\n"
+            "    model = Transformer(uniform(2, 16, 4, 32))\n"
+            "    model(torch.randint(0, 32, (2, 8)), torch.randint(0, 32, (2, 8))).backward()\n"
+            "    print(json.dumps({'status': fused_cpu.status(), 'warnings': [str(w.message) for w in caught]}))\n")
+    result = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, cwd=REPO, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_disabled_by_the_environment_variable(tmp_path) -> None:
+    out = _status_in_subprocess({fused_cpu.ENV_SWITCH: "0", "NAS_CACHE": str(tmp_path)})
+    assert out["status"] == f"off: disabled by {fused_cpu.ENV_SWITCH}"
+    assert not (tmp_path / "kernels").exists()
+
+
+def test_falls_back_to_pytorch_without_a_compiler(tmp_path) -> None:
+    out = _status_in_subprocess({"CC": str(tmp_path / "no-such-cc"), "NAS_CACHE": str(tmp_path)})
+    assert out["status"].startswith("off: no C compiler"), out
+
+
+def test_falls_back_with_a_warning_when_the_build_fails(tmp_path) -> None:
+    out = _status_in_subprocess({"CC": "false", "NAS_CACHE": str(tmp_path)})  # a "compiler" that always fails
+    assert out["status"].startswith("off: build or load failed"), out
+    assert any("fused CPU kernels unavailable" in w for w in out["warnings"])
+    assert list((tmp_path / "kernels").glob("*")) == []  # no partial library left behind
+
+
+@pytest.mark.slow
+def test_concurrent_builds_share_one_cached_library(tmp_path) -> None:
+    env = {**os.environ, "NAS_CACHE": str(tmp_path)}
+    code = "from nas import fused_cpu; print(fused_cpu.status())"
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, cwd=REPO, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    outputs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outputs
+    assert all(out.startswith("on (") for out, _ in outputs), outputs
+    built = list((tmp_path / "kernels").iterdir())
+    assert len(built) == 1 and built[0].suffix == ".so", built
+    mtime = built[0].stat().st_mtime_ns
+    assert _status_in_subprocess({"NAS_CACHE": str(tmp_path)})["status"].startswith("on (")
+    assert built[0].stat().st_mtime_ns == mtime  # loaded from the cache, not rebuilt
