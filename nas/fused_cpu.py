@@ -110,6 +110,7 @@ def _load() -> None:
     compiler = _compiler()
     if compiler is None:
         _reason = f"no C compiler ({os.environ.get('CC', 'cc')!r} not found; set CC)"
+        _warn()
         return
     try:
         path = library_path(compiler)
@@ -121,9 +122,14 @@ def _load() -> None:
             fn.argtypes, fn.restype = argtypes, None
     except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as exc:
         _reason = f"build or load failed: {exc}"
-        warnings.warn(f"fused CPU kernels unavailable, using PyTorch ops ({_reason})", RuntimeWarning, stacklevel=3)
+        _warn()
         return
     _library = lib
+
+
+def _warn() -> None:
+    warnings.warn(f"fused CPU kernels unavailable, using the slower PyTorch ops ({_reason}; {ENV_SWITCH}=0 "
+                  "silences this)", RuntimeWarning, stacklevel=4)
 
 
 def library() -> ctypes.CDLL | None:

@@ -24,6 +24,7 @@ within float rounding (tests check logits and gradients).
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable
 
@@ -145,6 +146,35 @@ def _query_blocks(seq_len: int) -> list[tuple[int, int]]:
     return [(r0, min(seq_len, r0 + size)) for r0 in range(0, seq_len, size)]
 
 
+ProbabilityObserver = Callable[[int, torch.Tensor], None]
+"""``observe(r0, p)``: one block of causal attention probabilities, queries ``r0 .. r0 + Tb`` over keys
+``0 .. r0 + Tb``: p (N, Tb, r0 + Tb) with N = B h in batch-major order (``Attention.forward(observe=...)``)."""
+
+
+def _blocked_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                               observe: ProbabilityObserver | None = None
+                               ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """``_BlockedCausalAttention``'s forward: (output (N, T, Dh), maybe a transposed view; Q / sqrt(Dh); P blocks)."""
+    N, T, Dh = q.shape
+    transposed = Dh <= TRANSPOSED_MAX_HEAD_DIM
+    q_scaled = q * (1.0 / math.sqrt(Dh))
+    k_t, v_t = k.transpose(1, 2), v.transpose(1, 2)  # (N, Dh, T) views
+    out = q.new_empty(N, Dh, T) if transposed else q.new_empty(N, T, Dh)
+    probs = []
+    for r0, r1 in _query_blocks(T):
+        p = torch.bmm(q_scaled[:, r0:r1], k_t[:, :, :r1])  # (N, Tb, r1): scores of keys < r1
+        p[:, :, r0:].add_(_causal_mask(r1 - r0, q.dtype, q.device))
+        torch._softmax(p, -1, False, out=p)
+        if observe is not None:
+            observe(r0, p)
+        if transposed:
+            out[:, :, r0:r1] = torch.bmm(v_t[:, :, :r1], p.transpose(1, 2))  # (N, Dh, Tb) = (P V)^T
+        else:
+            out[:, r0:r1] = torch.bmm(p, v[:, :r1])  # (N, Tb, Dh)
+        probs.append(p)
+    return (out.transpose(1, 2) if transposed else out), q_scaled, probs
+
+
 class _BlockedCausalAttention(torch.autograd.Function):
     """Exact causal attention by batched matmuls over query blocks: CPU training at T <= 512.
 
@@ -163,25 +193,10 @@ class _BlockedCausalAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        N, T, Dh = q.shape
-        scale = 1.0 / math.sqrt(Dh)
-        transposed = Dh <= TRANSPOSED_MAX_HEAD_DIM
-        q_scaled = q * scale
-        k_t, v_t = k.transpose(1, 2), v.transpose(1, 2)  # (N, Dh, T) views
-        out = q.new_empty(N, Dh, T) if transposed else q.new_empty(N, T, Dh)
-        probs = []
-        for r0, r1 in _query_blocks(T):
-            p = torch.bmm(q_scaled[:, r0:r1], k_t[:, :, :r1])  # (N, Tb, r1): scores of keys < r1
-            p[:, :, r0:].add_(_causal_mask(r1 - r0, q.dtype, q.device))
-            torch._softmax(p, -1, False, out=p)
-            if transposed:
-                out[:, :, r0:r1] = torch.bmm(v_t[:, :, :r1], p.transpose(1, 2))  # (N, Dh, Tb) = (P V)^T
-            else:
-                out[:, r0:r1] = torch.bmm(p, v[:, :r1])  # (N, Tb, Dh)
-            probs.append(p)
+        out, q_scaled, probs = _blocked_attention_forward(q, k, v)
         ctx.save_for_backward(q_scaled, k, v, *probs)
-        ctx.scale = scale
-        return out.transpose(1, 2) if transposed else out
+        ctx.scale = 1.0 / math.sqrt(q.shape[-1])
+        return out
 
     @staticmethod
     def backward(ctx, d_out: torch.Tensor):
@@ -264,13 +279,22 @@ class Attention(nn.Module):
         cos, sin = self.rotary.table(x.shape[1], qkv.device, qkv.dtype)
         return _RotaryQKV.apply(qkv, cos, sin, self.n_heads)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, observe: ProbabilityObserver | None = None) -> torch.Tensor:
+        """(B, T, D) -> (B, T, D). ``observe``, analysis only (no grad), is shown the attention probabilities."""
         B, T, D = x.shape
+        if observe is not None and torch.is_grad_enabled():
+            raise RuntimeError("attention observers are for analysis: call the model under torch.no_grad()")
         q, k, v = self._qkv(x)  # (B, H, T, Dh) each
         if use_blocked_attention(x.device, B * self.n_heads, T, q.element_size()):
             flat = (B * self.n_heads, T, self.head_dim)
-            y = _BlockedCausalAttention.apply(q.view(flat), k.view(flat), v.view(flat))  # (BH, T, Dh)
+            if observe is None:
+                y = _BlockedCausalAttention.apply(q.view(flat), k.view(flat), v.view(flat))  # (BH, T, Dh)
+            else:
+                y = _blocked_attention_forward(q.view(flat), k.view(flat), v.view(flat), observe)[0]
             y = y.unflatten(0, (B, self.n_heads)).transpose(1, 2)  # (B, T, H, Dh)
+        elif observe is not None:
+            y, probs = self._explicit_attention(q, k, v)
+            observe(0, probs.flatten(0, 1))
         else:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)  # (B, T, H, Dh)
         return self.out(y.reshape(B, T, D))
@@ -281,12 +305,17 @@ class Attention(nn.Module):
         ``P = softmax(QK^T / sqrt(Dh) + causal mask)``; output ``= W_O (P V)``. Analysis only: O(T^2) memory.
         """
         B, T, D = x.shape
-        q, k, v = self._qkv(x)  # (B, H, T, Dh) each
+        y, probs = self._explicit_attention(*self._qkv(x))
+        return self.out(y.reshape(B, T, D)), probs
+
+    def _explicit_attention(self, q: torch.Tensor, k: torch.Tensor,
+                            v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(P V as (B, T, H, Dh), P (B, H, T, T)) from q, k, v (B, H, T, Dh)."""
+        T = q.shape[2]
         scores = (q * (1.0 / math.sqrt(self.head_dim))) @ k.transpose(-2, -1)  # (B, H, T, T)
         scores.add_(_causal_mask(T, scores.dtype, scores.device))  # in place: matmul keeps no output
         probs = scores.softmax(dim=-1)
-        y = (probs @ v).transpose(1, 2)  # (B, T, H, Dh)
-        return self.out(y.reshape(B, T, D)), probs
+        return (probs @ v).transpose(1, 2), probs
 
 
 class _GatedUpProjection(torch.autograd.Function):
@@ -426,14 +455,17 @@ class Block(nn.Module):
         self.ffn_norms = nn.ModuleList(RMSNorm(arch.d_model, arch.norm_eps) for _ in range(arch.ffn.k))
         self.ffns = nn.ModuleList(SwiGLU(arch.d_model, arch.ffn.hidden) for _ in range(arch.ffn.k))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.feed_forward(x + self.attn(self.attn_norm(x)))
+    def forward(self, x: torch.Tensor, observe: ProbabilityObserver | None = None) -> torch.Tensor:
+        return self.feed_forward(x + self.attn(self.attn_norm(x), observe))
 
     def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
         """The K residual sub-MLPs: ``x + W_down,k (...)`` for k = 1..K."""
         for norm, ffn in zip(self.ffn_norms, self.ffns):
             x = x + ffn(norm(x))
         return x
+
+
+LayerObserver = Callable[[int, int, torch.Tensor], None]  # observe(layer, r0, p): a ProbabilityObserver per layer
 
 
 class Transformer(nn.Module):
@@ -471,15 +503,21 @@ class Transformer(nn.Module):
             else:
                 p.normal_(0.0, INIT_STD)
 
-    def hidden(self, idx: torch.Tensor) -> torch.Tensor:
+    def hidden(self, idx: torch.Tensor, observe: LayerObserver | None = None) -> torch.Tensor:
         x = self.embed(idx)  # (B, T, D)
-        for block in self.blocks:
-            x = block(x)
+        for layer, block in enumerate(self.blocks):
+            x = block(x, None if observe is None else functools.partial(observe, layer))
         return self.norm(x)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits (B, T, V); with ``targets`` (B, T), the mean next-token cross-entropy instead."""
-        return self._head(self.hidden(idx), targets)
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
+                observe: LayerObserver | None = None) -> torch.Tensor:
+        """Logits (B, T, V); with ``targets`` (B, T), the mean next-token cross-entropy instead.
+
+        ``observe(layer, r0, p)``, for analysis under ``torch.no_grad()``, is shown every layer's causal
+        attention probabilities in query blocks (see ``ProbabilityObserver``) by the same kernels
+        that train; e.g. ``runners.attention_distance.AttentionDistance``.
+        """
+        return self._head(self.hidden(idx, observe), targets)
 
     def _head(self, hidden: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor:
         logits = self.lm_head(hidden)  # (B, T, V)

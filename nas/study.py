@@ -275,15 +275,21 @@ def plan_replicate(search: Search, trials: list[FrozenTrial], visited: set[tuple
 
 
 # ----------------------------------------------------------------- one trial
-def _find_original(search: Search, key: str, seed: int, number: int, heartbeat: Heartbeat) -> FrozenTrial | None:
+def _find_original(search: Search, key: str, seed: int, number: int, heartbeat: Heartbeat,
+                   known: list[FrozenTrial] | None = None) -> FrozenTrial | None:
     """An earlier trial of the same (shape, seed) that counts; waits while a lower-numbered one may still train it.
 
     The lowest-numbered trial of a (shape, seed) trains it and the others wait for its result. A lower-numbered
     trial that has no shape yet (just handed out by ``ask`` to another worker) may be about to take this one,
     so it is waited for too: every trial records its shape before it gets here, so the wait is short.
+
+    ``known``, the study as read just before this trial's ``ask``, answers without a new read when it is
+    final below ``number``: it holds every lower-numbered trial (``number == len(known)``) and none of them
+    was running, so none can still change or take this shape (the usual case with one worker).
     """
+    final_below = known is not None and number == len(known) and not any(in_flight(t) for t in known)
     while True:
-        trials = search.study.get_trials(deepcopy=False)
+        trials = known if final_below else search.study.get_trials(deepcopy=False)
         same = [t for t in trials if t.number != number and key_seed(t) == (key, seed) and not is_duplicate(t)]
         done = [t for t in same if counts(t)]
         if done:
@@ -341,12 +347,13 @@ def _answer_duplicate(search: Search, trial: optuna.Trial, original: FrozenTrial
 
 def _train(search: Search, trial: optuna.Trial, arch: ArchConfig, seed: int, role: str) -> tuple[str, float | None]:
     may_prune = not search.multi_objective and role not in ("baseline", "replicate")
+    final_tokens = search.train.steps * search.train.tokens_per_step  # the last report: the run has ended
 
     def report(tokens: int, loss: float) -> bool:
         if search.multi_objective:
             return False
         trial.report(loss, step=tokens)
-        return may_prune and trial.should_prune()
+        return may_prune and tokens < final_tokens and trial.should_prune()
 
     result = run_proxy(arch, search.train.with_(seed=seed), search.data, report)
     set_attrs(trial, result_attrs(result))
@@ -401,11 +408,13 @@ def _drawing_with(study: optuna.Study, sampler: optuna.samplers.BaseSampler | No
 
 
 def run_trial(search: Search, trial: optuna.Trial, heartbeat: Heartbeat, plan: Plan | None = None,
-              sampler: optuna.samplers.BaseSampler | None = None) -> tuple[str, ArchConfig, int, str, float | None]:
+              sampler: optuna.samplers.BaseSampler | None = None,
+              known: list[FrozenTrial] | None = None) -> tuple[str, ArchConfig, int, str, float | None]:
     """Suggest (or read the enqueued) shape, de-duplicate, train, tell. Returns (state, arch, seed, role, loss).
 
     ``plan`` applies unless ``ask`` handed out a queued trial (which carries its own shape and seed);
-    ``sampler`` (the plan's, or a random one that breaks a run of duplicates) draws the shape.
+    ``sampler`` (the plan's, or a random one that breaks a run of duplicates) draws the shape; ``known`` is
+    the study as read before ``ask`` (see ``_find_original``).
     """
     if plan is not None and "key" not in trial.user_attrs:
         set_attrs(trial, plan.user_attrs)  # first: from now on other workers see what this trial trains
@@ -414,7 +423,7 @@ def run_trial(search: Search, trial: optuna.Trial, heartbeat: Heartbeat, plan: P
     seed = int(trial.user_attrs.get("seed", search.train.seed))
     role = trial.user_attrs.get("role", "sampled")
     set_attrs(trial, shape_attrs(arch, seed, role))
-    original = _find_original(search, arch.key(), seed, trial.number, heartbeat)
+    original = _find_original(search, arch.key(), seed, trial.number, heartbeat, known)
     if original is not None:
         return _answer_duplicate(search, trial, original), arch, seed, role, loss_of(original)
     state, loss = _train(search, trial, arch, seed, role)
@@ -476,7 +485,7 @@ def run_worker(search: Search, on_event: Callable[[TrialEvent], None] | None = N
                     if "key" in trial.user_attrs:  # a queued trial (e.g. a re-queued one) goes back to the queue
                         _requeue(study, trial.number)
                     continue
-                state, arch, seed, role, loss = run_trial(search, trial, heartbeat, plan, sampler)
+                state, arch, seed, role, loss = run_trial(search, trial, heartbeat, plan, sampler, trials)
             except KeyboardInterrupt:
                 _mark_interrupted(study, trial)
                 raise
@@ -541,15 +550,20 @@ def interruptible() -> None:
         signal.signal(signal.SIGTERM, _terminated)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled as Ctrl-C is; unlike Ctrl-C in a terminal, it reached this process alone."""
+
+
 def _terminated(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
+    raise Terminated(f"signal {signum}")
 
 
 def _interrupt_workers(processes: list, queue: Any, grace_s: float = 3.0) -> None:
     """Pass an interrupt on to workers still running after ``grace_s``.
 
-    Ctrl-C in a terminal reaches every worker at once (one process group); ``kill -INT`` or
-    ``kill`` reaches only this process, and without this its workers would train on.
+    Ctrl-C in a terminal reaches every worker at once (one process group), and the grace period
+    lets them stop on their own; ``kill -INT`` or ``kill`` reaches only this process, and without
+    this its workers would train on. After SIGTERM (``Terminated``) there is no grace period.
     """
     _wait_for_workers(processes, queue, timeout=grace_s)
     for p in processes:
@@ -623,8 +637,8 @@ def run_search(config: SearchConfig, on_event: Callable[[TrialEvent], None] | No
                 finished.add(worker)
                 if kind == "error":
                     errors.append(f"worker {worker}: {payload}")
-    except KeyboardInterrupt:
-        _interrupt_workers(processes, queue)
+    except KeyboardInterrupt as interrupt:
+        _interrupt_workers(processes, queue, grace_s=0.0 if isinstance(interrupt, Terminated) else 3.0)
         raise
     finally:
         _wait_for_workers(processes, queue)

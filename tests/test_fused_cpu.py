@@ -112,12 +112,14 @@ def _status_in_subprocess(env: dict[str, str]) -> dict:
 def test_disabled_by_the_environment_variable(tmp_path) -> None:
     out = _status_in_subprocess({fused_cpu.ENV_SWITCH: "0", "NAS_CACHE": str(tmp_path)})
     assert out["status"] == f"off: disabled by {fused_cpu.ENV_SWITCH}"
+    assert not any("fused CPU kernels" in w for w in out["warnings"])
     assert not (tmp_path / "kernels").exists()
 
 
 def test_falls_back_to_pytorch_without_a_compiler(tmp_path) -> None:
     out = _status_in_subprocess({"CC": str(tmp_path / "no-such-cc"), "NAS_CACHE": str(tmp_path)})
     assert out["status"].startswith("off: no C compiler"), out
+    assert any("fused CPU kernels unavailable" in w for w in out["warnings"])
 
 
 def test_falls_back_with_a_warning_when_the_build_fails(tmp_path) -> None:

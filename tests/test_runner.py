@@ -110,19 +110,35 @@ def test_model_with_uniform_attention_has_distance_t_minus_1_over_4() -> None:
     assert distances == pytest.approx([(T - 1) / 4] * 3, rel=1e-6)
 
 
+@pytest.mark.parametrize("seq_len,kernel", [(70, "blocked"), (200, "blocked"), (70, "explicit")],
+                         ids=["T70-one-block", "T200-three-blocks", "T70-explicit"])
 @pytest.mark.parametrize("attention_batches", [0, 1, 3])
-def test_final_evaluation_scores_like_evaluate_and_measures_distance_on_the_first_batches(attention_batches) -> None:
-    """One pass gives the score (the mean over every batch) and D_l of the first batches."""
+def test_final_evaluation_scores_like_evaluate_and_measures_distance_on_the_first_batches(
+        attention_batches, seq_len, kernel, monkeypatch) -> None:
+    """One pass gives the score (the mean over every batch) and D_l of the first batches, whichever attention path
+    shows the probabilities; the reference is ``Transformer.analyse`` (explicit attention, one batch at a time)."""
+    import nas.model
+    import runners.proxy
+
+    if kernel == "explicit":  # the path GPUs and long contexts take: P materialised, then observed
+        monkeypatch.setattr(nas.model, "BLOCKED_ATTENTION_MAX_T", 0)
+    monkeypatch.setattr(runners.proxy, "EVAL_TOKENS_PER_FORWARD", 2 * 2 * seq_len)  # 2 of the 5 batches per forward
     torch.manual_seed(0)
     arch = ArchConfig(n_layers=2, d_model=48, heads=(3, 6), ffn=FFNShape(1, 32), vocab_size=50)
     model = Transformer(arch)
-    batches = [(torch.randint(0, 50, (2, 70)), torch.randint(0, 50, (2, 70))) for _ in range(3)]
+    batches = [(torch.randint(0, 50, (2, seq_len)), torch.randint(0, 50, (2, seq_len))) for _ in range(5)]
     cpu = torch.device("cpu")
     loss, distances = final_evaluation(model, batches, attention_batches, cpu, "fp32")
     assert loss == pytest.approx(evaluate(model, batches, cpu, "fp32"), rel=1e-6)
     expected = layer_attention_distances(model, [x for x, _ in batches[:attention_batches]])
     assert distances == (pytest.approx(expected, rel=1e-6) if attention_batches else [])
     assert model.training  # handed back in training mode
+
+
+def test_attention_observers_refuse_to_run_with_gradients() -> None:
+    model = Transformer(ArchConfig(n_layers=1, d_model=16, heads=(4,), ffn=FFNShape(1, 16), vocab_size=20))
+    with pytest.raises(RuntimeError, match="torch.no_grad"):
+        model(torch.randint(0, 20, (1, 8)), observe=lambda layer, r0, p: None)
 
 
 # ----------------------------------------------------------------- pieces
