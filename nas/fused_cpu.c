@@ -186,3 +186,30 @@ void rope_qkv_backward(const float *restrict dq, const float *restrict dk, const
                 }
             }
 }
+
+/* ------------------------------------------------------------------ causal softmax of one query block, in place
+ * p: (N, Tb, r0 + Tb) scores of queries r0 .. r0 + Tb - 1 over keys 0 .. r0 + Tb - 1 (the blocked attention's
+ * blocks, nas/model.py). Query r0 + i sees keys 0 .. r0 + i: those get softmax(scores), the rest 0. Replaces
+ * adding a -inf mask and a softmax over the whole row (which also exponentiates the masked entries). */
+static void causal_softmax_row(float *restrict row, int64_t valid, int64_t width) {
+    float m = row[0];
+#pragma omp simd reduction(max : m)
+    for (int64_t j = 0; j < valid; j++) m = row[j] > m ? row[j] : m;
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < valid; j++) {
+        float e = exp_f(row[j] - m);
+        row[j] = e;
+        sum += e;
+    }
+    float inv = 1.0f / sum;
+#pragma omp simd
+    for (int64_t j = 0; j < valid; j++) row[j] *= inv;
+    for (int64_t j = valid; j < width; j++) row[j] = 0.0f;
+}
+
+void causal_softmax_(float *restrict p, int64_t N, int64_t Tb, int64_t r0, int threads) {
+    int64_t width = r0 + Tb, rows = N * Tb;
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows * width >= PARALLEL_MIN)
+    for (int64_t r = 0; r < rows; r++) causal_softmax_row(p + r * width, r0 + r % Tb + 1, width);
+}

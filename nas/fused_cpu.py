@@ -51,6 +51,7 @@ _SIGNATURES = {
     "rmsnorm_backward": [_P, _P, _P, _P, _P, _P, _P, _I64, _I64, _INT],
     "rope_qkv_forward": [_P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _INT],
     "rope_qkv_backward": [_P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _INT],
+    "causal_softmax_": [_P, _I64, _I64, _I64, _INT],
 }
 
 _lock = threading.Lock()
@@ -224,3 +225,11 @@ def rope_qkv_backward(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, cos:
     library().rope_qkv_backward(_ptr(dq), _ptr(dk), _ptr(dv), _ptr(cos), _ptr(sin), _ptr(grad), B, T, H, Dh,
                                 cos.shape[-1], torch.get_num_threads())
     return grad
+
+
+def causal_softmax_(scores: torch.Tensor, r0: int) -> torch.Tensor:
+    """In place: contiguous (N, Tb, r0 + Tb) scores of queries ``r0 ..`` -> causal softmax probabilities (0 above)."""
+    N, Tb, width = scores.shape
+    assert width == r0 + Tb, (scores.shape, r0)
+    library().causal_softmax_(_ptr(scores), N, Tb, r0, torch.get_num_threads())
+    return scores

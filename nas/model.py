@@ -80,6 +80,23 @@ def _rotate_into(out: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin: tor
         out[..., 2 * half:].copy_(x[..., 2 * half:])
 
 
+class _ForwardOnly:
+    """The ``ctx`` of a forward run outside autograd: attributes are kept, nothing is saved."""
+
+    def save_for_backward(self, *tensors: torch.Tensor) -> None:
+        pass
+
+
+def _apply(function: type[torch.autograd.Function], *args: Any) -> Any:
+    """``function.apply(*args)``; without grad mode (evaluation), its forward alone, skipping the autograd node.
+
+    Saves ~25 us per call, ~1.5 ms of the default proxy's ~45 ms evaluation forward (61 calls).
+    """
+    if torch.is_grad_enabled():
+        return function.apply(*args)
+    return function.forward(_ForwardOnly(), *args)
+
+
 class _RotaryQKV(torch.autograd.Function):
     """Fused qkv (B, T, 3d) -> q, k rotated and v, each contiguous (B, H, T, Dh), as one autograd node.
 
@@ -161,10 +178,14 @@ def _blocked_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     k_t, v_t = k.transpose(1, 2), v.transpose(1, 2)  # (N, Dh, T) views
     out = q.new_empty(N, Dh, T) if transposed else q.new_empty(N, T, Dh)
     probs = []
+    fused = fused_cpu.usable(q)
     for r0, r1 in _query_blocks(T):
         p = torch.bmm(q_scaled[:, r0:r1], k_t[:, :, :r1])  # (N, Tb, r1): scores of keys < r1
-        p[:, :, r0:].add_(_causal_mask(r1 - r0, q.dtype, q.device))
-        torch._softmax(p, -1, False, out=p)
+        if fused:  # one pass, masked keys skipped (fused_cpu.c)
+            fused_cpu.causal_softmax_(p, r0)
+        else:
+            p[:, :, r0:].add_(_causal_mask(r1 - r0, q.dtype, q.device))
+            torch._softmax(p, -1, False, out=p)
         if observe is not None:
             observe(r0, p)
         if transposed:
@@ -277,7 +298,7 @@ class Attention(nn.Module):
         """q (RoPE applied), k (RoPE applied), v: (B, H, T, Dh) each."""
         qkv = self.qkv(x)  # (B, T, 3d)
         cos, sin = self.rotary.table(x.shape[1], qkv.device, qkv.dtype)
-        return _RotaryQKV.apply(qkv, cos, sin, self.n_heads)
+        return _apply(_RotaryQKV, qkv, cos, sin, self.n_heads)
 
     def forward(self, x: torch.Tensor, observe: ProbabilityObserver | None = None) -> torch.Tensor:
         """(B, T, D) -> (B, T, D). ``observe``, analysis only (no grad), is shown the attention probabilities."""
@@ -288,7 +309,7 @@ class Attention(nn.Module):
         if use_blocked_attention(x.device, B * self.n_heads, T, q.element_size()):
             flat = (B * self.n_heads, T, self.head_dim)
             if observe is None:
-                y = _BlockedCausalAttention.apply(q.view(flat), k.view(flat), v.view(flat))  # (BH, T, Dh)
+                y = _apply(_BlockedCausalAttention, q.view(flat), k.view(flat), v.view(flat))  # (BH, T, Dh)
             else:
                 y = _blocked_attention_forward(q.view(flat), k.view(flat), v.view(flat), observe)[0]
             y = y.unflatten(0, (B, self.n_heads)).transpose(1, 2)  # (B, T, H, Dh)
@@ -381,7 +402,7 @@ class SwiGLU(nn.Module):
         hidden = self.down.in_features
         if _plain_cpu_fp32(x, self.gate_up.weight) and (
                 fused_cpu.usable(x) or x.numel() // x.shape[-1] * hidden >= GATED_UP_MIN_ELEMENTS):
-            return self.down(_GatedUpProjection.apply(x, self.gate_up.weight))
+            return self.down(_apply(_GatedUpProjection, x, self.gate_up.weight))
         gate, up = self.gate_up(x).chunk(2, dim=-1)  # (B, T, hidden) each
         return self.down(F.silu(gate) * up)
 
@@ -441,7 +462,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if _plain_cpu_fp32(x, self.weight):
-            return _RMSNormFunction.apply(x, self.weight, self.eps)
+            return _apply(_RMSNormFunction, x, self.weight, self.eps)
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 

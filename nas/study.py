@@ -416,12 +416,15 @@ def run_trial(search: Search, trial: optuna.Trial, heartbeat: Heartbeat, plan: P
     ``sampler`` (the plan's, or a random one that breaks a run of duplicates) draws the shape; ``known`` is
     the study as read before ``ask`` (see ``_find_original``).
     """
-    if plan is not None and "key" not in trial.user_attrs:
-        set_attrs(trial, plan.user_attrs)  # first: from now on other workers see what this trial trains
+    given = dict(trial.user_attrs)  # a queued trial's own key, seed and role; else the plan's, if any
+    if plan is not None and "key" not in given:
+        given.update(plan.user_attrs)
     with _drawing_with(search.study, sampler):
         arch = search.space.suggest(trial)
-    seed = int(trial.user_attrs.get("seed", search.train.seed))
-    role = trial.user_attrs.get("role", "sampled")
+    seed = int(given.get("seed", search.train.seed))
+    role = given.get("role", "sampled")
+    # one transaction (key, seed, role, shape): from now on other workers see what this trial trains; until
+    # then a worker that draws the same shape waits for this lower-numbered, shapeless trial (_find_original)
     set_attrs(trial, shape_attrs(arch, seed, role))
     original = _find_original(search, arch.key(), seed, trial.number, heartbeat, known)
     if original is not None:

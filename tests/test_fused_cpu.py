@@ -75,6 +75,17 @@ def test_rope_qkv_matches_the_pytorch_path(batch, seq, heads, head_dim, threads)
     torch.testing.assert_close(grad, reference.grad, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("heads,block,r0", [(1, 1, 0), (3, 5, 0), (3, 5, 7), (48, 64, 64), (128, 64, 192)])
+def test_causal_softmax_matches_a_masked_softmax(heads, block, r0, threads) -> None:
+    torch.manual_seed(4)
+    scores = torch.randn(heads, block, r0 + block) * 6
+    mask = torch.ones(block, r0 + block, dtype=torch.bool).tril(r0)  # query r0 + i sees keys <= r0 + i
+    expected = scores.masked_fill(~mask, float("-inf")).softmax(-1)
+    out = fused_cpu.causal_softmax_(scores.clone(), r0)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-7)
+    assert (out[:, ~mask] == 0).all()
+
+
 def test_model_gives_the_same_loss_and_gradients_with_and_without_the_kernels() -> None:
     """A Prism schedule with an hourglass FFN (K=2) and an odd head dim: every fused path, end to end."""
     arch = ArchConfig(n_layers=3, d_model=42, heads=(2, 6, 6), ffn=FFNShape(2, 24), vocab_size=50)
