@@ -50,8 +50,8 @@ _SIGNATURES = {
     "swiglu_backward": [_P, _P, _P, _P, _P, _I64, _INT],
     "rmsnorm_forward": [_P, _P, _P, _P, _I64, _I64, _F32, _INT],
     "rmsnorm_backward": [_P, _P, _P, _P, _P, _P, _P, _I64, _I64, _INT],
-    "rope_qkv_forward": [_P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _INT],
-    "rope_qkv_backward": [_P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _INT],
+    "rope_qkv_forward": [_P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _F32, _INT],
+    "rope_qkv_backward": [_P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _F32, _INT],
     "causal_softmax_": [_P, _I64, _I64, _I64, _INT],
 }
 
@@ -208,23 +208,24 @@ def rmsnorm_backward(d_y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     return dx, d_weight
 
 
-def rope_qkv_forward(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """(3, B, H, T, Dh): q and k rotated, v copied, from the contiguous (B, T, 3 H Dh) projection."""
+def rope_qkv_forward(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int,
+                     q_scale: float = 1.0) -> torch.Tensor:
+    """(3, B, H, T, Dh): q (times ``q_scale``) and k rotated, v copied, from the contiguous (B, T, 3 H Dh) projection."""
     B, T, three_d = qkv.shape
     head_dim = three_d // (3 * n_heads)
     out = qkv.new_empty(3, B, n_heads, T, head_dim)
     library().rope_qkv_forward(_ptr(qkv), _ptr(cos), _ptr(sin), _ptr(out), B, T, n_heads, head_dim, cos.shape[-1],
-                               torch.get_num_threads())
+                               q_scale, torch.get_num_threads())
     return out
 
 
 def rope_qkv_backward(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, cos: torch.Tensor,
-                      sin: torch.Tensor) -> torch.Tensor:
+                      sin: torch.Tensor, q_scale: float = 1.0) -> torch.Tensor:
     """The (B, T, 3 H Dh) gradient of ``rope_qkv_forward`` from contiguous dq, dk, dv (B, H, T, Dh)."""
     B, H, T, Dh = dq.shape
     grad = dq.new_empty(B, T, 3 * H * Dh)
     library().rope_qkv_backward(_ptr(dq), _ptr(dk), _ptr(dv), _ptr(cos), _ptr(sin), _ptr(grad), B, T, H, Dh,
-                                cos.shape[-1], torch.get_num_threads())
+                                cos.shape[-1], q_scale, torch.get_num_threads())
     return grad
 
 

@@ -100,25 +100,28 @@ def _apply(function: type[torch.autograd.Function], *args: Any) -> Any:
 class _RotaryQKV(torch.autograd.Function):
     """Fused qkv (B, T, 3d) -> q, k rotated and v, each contiguous (B, H, T, Dh), as one autograd node.
 
-    The backward rotates dq, dk back and writes dq, dk, dv straight into one (B, T, 3d) gradient,
+    q also comes out multiplied by ``q_scale`` (the attention's 1/sqrt(Dh)): in the fused kernel
+    that is free, and the attention then makes no pass over q (nor over dq in the backward). The
+    backward rotates dq, dk back and writes dq, dk, dv straight into one (B, T, 3d) gradient,
     instead of autograd's zero-filled slice gradients summed together.
     """
 
     @staticmethod
-    def forward(ctx, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int):
+    def forward(ctx, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int, q_scale: float):
         B, T, three_d = qkv.shape
         head_dim = three_d // (3 * n_heads)
         ctx.fused = fused_cpu.usable(qkv, cos, sin) and qkv.is_contiguous()
         if ctx.fused:  # one pass (fused_cpu.c): 3x faster than the strided ops below at B16 T256 Dh32
             cos, sin = cos.contiguous(), sin.contiguous()
-            out = fused_cpu.rope_qkv_forward(qkv, cos, sin, n_heads)
+            out = fused_cpu.rope_qkv_forward(qkv, cos, sin, n_heads, q_scale)
         else:
             src = qkv.view(B, T, 3, n_heads, head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H, T, Dh) view
             out = qkv.new_empty(3, B, n_heads, T, head_dim)
             _rotate_into(out[:2], src[:2], cos, sin, 1.0)
+            out[0].mul_(q_scale)
             out[2].copy_(src[2])
         ctx.save_for_backward(cos, sin)
-        ctx.n_heads = n_heads
+        ctx.n_heads, ctx.q_scale = n_heads, q_scale
         return out[0], out[1], out[2]
 
     @staticmethod
@@ -127,7 +130,7 @@ class _RotaryQKV(torch.autograd.Function):
         B, H, T, Dh = next(g for g in (dq, dk, dv) if g is not None).shape
         if ctx.fused:
             dq, dk, dv = (g.contiguous() if g is not None else cos.new_zeros(B, H, T, Dh) for g in (dq, dk, dv))
-            return fused_cpu.rope_qkv_backward(dq, dk, dv, cos, sin), None, None, None
+            return fused_cpu.rope_qkv_backward(dq, dk, dv, cos, sin, ctx.q_scale), None, None, None, None
         grad = dq.new_empty(B, T, 3, H, Dh) if dq is not None else dk.new_empty(B, T, 3, H, Dh)
         dst = grad.permute(2, 0, 3, 1, 4)  # (3, B, H, T, Dh) view
         for i, g in enumerate((dq, dk)):
@@ -135,11 +138,12 @@ class _RotaryQKV(torch.autograd.Function):
                 dst[i].zero_()
             else:
                 _rotate_into(dst[i], g, cos, sin, -1.0)
+        dst[0].mul_(ctx.q_scale)
         if dv is None:
             dst[2].zero_()
         else:
             dst[2].copy_(dv)
-        return grad.view(B, T, 3 * H * Dh), None, None, None
+        return grad.view(B, T, 3 * H * Dh), None, None, None, None
 
 
 _CAUSAL_MASKS: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
@@ -171,16 +175,15 @@ ProbabilityObserver = Callable[[int, torch.Tensor], None]
 def _blocked_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                observe: ProbabilityObserver | None = None
                                ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
-    """``_BlockedCausalAttention``'s forward: (output (N, T, Dh), maybe a transposed view; Q / sqrt(Dh); P blocks)."""
+    """``_BlockedCausalAttention``'s forward: (output (N, T, Dh), maybe a transposed view; P blocks)."""
     N, T, Dh = q.shape
     transposed = Dh <= TRANSPOSED_MAX_HEAD_DIM
-    q_scaled = q * (1.0 / math.sqrt(Dh))
     k_t, v_t = k.transpose(1, 2), v.transpose(1, 2)  # (N, Dh, T) views
     out = q.new_empty(N, Dh, T) if transposed else q.new_empty(N, T, Dh)
     probs = []
     fused = fused_cpu.usable(q)
     for r0, r1 in _query_blocks(T):
-        p = torch.bmm(q_scaled[:, r0:r1], k_t[:, :, :r1])  # (N, Tb, r1): scores of keys < r1
+        p = torch.bmm(q[:, r0:r1], k_t[:, :, :r1])  # (N, Tb, r1): scores of keys < r1
         if fused:  # one pass, masked keys skipped (fused_cpu.c)
             fused_cpu.causal_softmax_(p, r0)
         else:
@@ -193,19 +196,20 @@ def _blocked_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         else:
             out[:, r0:r1] = torch.bmm(p, v[:, :r1])  # (N, Tb, Dh)
         probs.append(p)
-    return (out.transpose(1, 2) if transposed else out), q_scaled, probs
+    return (out.transpose(1, 2) if transposed else out), probs
 
 
 class _BlockedCausalAttention(torch.autograd.Function):
     """Exact causal attention by batched matmuls over query blocks: CPU training at T <= 512.
 
-    Inputs and output (N, T, Dh) with N = B H. On CPU the cost at these lengths is the (T, T)
-    score tensors and the narrow matmuls, not FLOPs, so:
+    Inputs and output (N, T, Dh) with N = B H; q comes already multiplied by 1/sqrt(Dh)
+    (``_RotaryQKV``), so ``P = softmax(q k^T + causal mask)``. On CPU the cost at these lengths is
+    the (T, T) score tensors and the narrow matmuls, not FLOPs, so:
 
     1. queries are cut into blocks of ~64 and block ``[r0, r1)`` only scores keys ``< r1``, which
        skips most of the masked upper triangle (``(n + 1) / 2n`` of the T x T scores with n blocks);
     2. softmax and its backward run in place on each block's scores;
-    3. the 1/sqrt(Dh) scale is applied to Q (N T Dh values), not to the scores (N T^2);
+    3. the 1/sqrt(Dh) scale was applied to Q (N T Dh values, inside the RoPE pass), not to the scores (N T^2);
     4. at Dh <= ``TRANSPOSED_MAX_HEAD_DIM`` every product that would be only Dh columns wide
        (P V, dV, dQ, dK) is computed transposed, (N, Dh, T), which MKL runs several times faster
        at Dh = 8 (the output is then a transposed view); wider heads compute them as they are
@@ -214,56 +218,54 @@ class _BlockedCausalAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        out, q_scaled, probs = _blocked_attention_forward(q, k, v)
-        ctx.save_for_backward(q_scaled, k, v, *probs)
-        ctx.scale = 1.0 / math.sqrt(q.shape[-1])
+        out, probs = _blocked_attention_forward(q, k, v)
+        ctx.save_for_backward(q, k, v, *probs)
         return out
 
     @staticmethod
     def backward(ctx, d_out: torch.Tensor):
-        q_scaled, k, v, *probs = ctx.saved_tensors
-        N, T, Dh = q_scaled.shape
+        q, k, v, *probs = ctx.saved_tensors
+        N, T, Dh = q.shape
         if Dh > TRANSPOSED_MAX_HEAD_DIM:
-            return _BlockedCausalAttention._backward(q_scaled, k, v, probs, d_out, ctx.scale)
+            return _BlockedCausalAttention._backward(q, k, v, probs, d_out)
         d_out_t = d_out.transpose(1, 2)  # (N, Dh, T)
-        k_t, v_t, q_scaled_t = k.transpose(1, 2), v.transpose(1, 2), q_scaled.transpose(1, 2)
-        d_q_t = q_scaled.new_empty(N, Dh, T)
+        k_t, v_t, q_t = k.transpose(1, 2), v.transpose(1, 2), q.transpose(1, 2)
+        d_q_t = q.new_empty(N, Dh, T)
         d_k_t = d_v_t = None
         for (r0, r1), p in reversed(list(zip(_query_blocks(T), probs))):  # the last block spans every key
             d_o_t = d_out_t[:, :, r0:r1]  # (N, Dh, Tb)
             ds = torch.bmm(d_o_t.transpose(1, 2), v_t[:, :, :r1])  # (N, Tb, r1) = dO V^T
             torch._softmax_backward_data(ds, p, -1, p.dtype, grad_input=ds)
             d_q_t[:, :, r0:r1] = torch.bmm(k_t[:, :, :r1], ds.transpose(1, 2))  # (dS K)^T
-            d_k = torch.bmm(q_scaled_t[:, :, r0:r1], ds)  # (N, Dh, r1) = (dS^T Q)^T
+            d_k = torch.bmm(q_t[:, :, r0:r1], ds)  # (N, Dh, r1) = (dS^T Q)^T
             d_v = torch.bmm(d_o_t, p)  # (N, Dh, r1) = (P^T dO)^T
             if d_k_t is None:
                 d_k_t, d_v_t = d_k, d_v
             else:
                 d_k_t[:, :, :r1] += d_k
                 d_v_t[:, :, :r1] += d_v
-        d_q_t.mul_(ctx.scale)
         # (N, T, Dh) contiguous: the RoPE backward reads these in Dh-wide rows, ~3x slower from (N, Dh, T)
         return tuple(g.transpose(1, 2).contiguous() for g in (d_q_t, d_k_t, d_v_t))
 
     @staticmethod
-    def _backward(q_scaled: torch.Tensor, k: torch.Tensor, v: torch.Tensor, probs: list[torch.Tensor],
-                  d_out: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, probs: list[torch.Tensor],
+                  d_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The backward with untransposed products (Dh > TRANSPOSED_MAX_HEAD_DIM); all (N, T, Dh)."""
-        d_q = torch.empty_like(q_scaled)
+        d_q = torch.empty_like(q)
         d_k = d_v = None
-        for (r0, r1), p in reversed(list(zip(_query_blocks(q_scaled.shape[1]), probs))):
+        for (r0, r1), p in reversed(list(zip(_query_blocks(q.shape[1]), probs))):
             d_o = d_out[:, r0:r1]  # (N, Tb, Dh)
             ds = torch.bmm(d_o, v[:, :r1].transpose(1, 2))  # (N, Tb, r1) = dO V^T
             torch._softmax_backward_data(ds, p, -1, p.dtype, grad_input=ds)
             d_q[:, r0:r1] = torch.bmm(ds, k[:, :r1])  # dS K
-            d_k_block = torch.bmm(ds.transpose(1, 2), q_scaled[:, r0:r1])  # (N, r1, Dh) = dS^T Q
+            d_k_block = torch.bmm(ds.transpose(1, 2), q[:, r0:r1])  # (N, r1, Dh) = dS^T Q
             d_v_block = torch.bmm(p.transpose(1, 2), d_o)  # (N, r1, Dh) = P^T dO
             if d_k is None:
                 d_k, d_v = d_k_block, d_v_block
             else:
                 d_k[:, :r1] += d_k_block
                 d_v[:, :r1] += d_v_block
-        return d_q.mul_(scale), d_k, d_v
+        return d_q, d_k, d_v
 
 
 TRANSPOSED_MAX_HEAD_DIM = 8  # _BlockedCausalAttention computes Dh-wide products transposed up to this head dim
@@ -295,10 +297,10 @@ class Attention(nn.Module):
         self.rotary = rotary
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q (RoPE applied), k (RoPE applied), v: (B, H, T, Dh) each."""
+        """q (RoPE applied, times 1/sqrt(Dh)), k (RoPE applied), v: (B, H, T, Dh) each."""
         qkv = self.qkv(x)  # (B, T, 3d)
         cos, sin = self.rotary.table(x.shape[1], qkv.device, qkv.dtype)
-        return _apply(_RotaryQKV, qkv, cos, sin, self.n_heads)
+        return _apply(_RotaryQKV, qkv, cos, sin, self.n_heads, 1.0 / math.sqrt(self.head_dim))
 
     def forward(self, x: torch.Tensor, observe: ProbabilityObserver | None = None) -> torch.Tensor:
         """(B, T, D) -> (B, T, D). ``observe``, analysis only (no grad), is shown the attention probabilities."""
@@ -317,7 +319,7 @@ class Attention(nn.Module):
             y, probs = self._explicit_attention(q, k, v)
             observe(0, probs.flatten(0, 1))
         else:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)  # (B, T, H, Dh)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0).transpose(1, 2)  # (B, T, H, Dh)
         return self.out(y.reshape(B, T, D))
 
     def explicit(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -331,9 +333,9 @@ class Attention(nn.Module):
 
     def _explicit_attention(self, q: torch.Tensor, k: torch.Tensor,
                             v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(P V as (B, T, H, Dh), P (B, H, T, T)) from q, k, v (B, H, T, Dh)."""
+        """(P V as (B, T, H, Dh), P (B, H, T, T)) from q (already times 1/sqrt(Dh)), k, v (B, H, T, Dh)."""
         T = q.shape[2]
-        scores = (q * (1.0 / math.sqrt(self.head_dim))) @ k.transpose(-2, -1)  # (B, H, T, T)
+        scores = q @ k.transpose(-2, -1)  # (B, H, T, T)
         scores.add_(_causal_mask(T, scores.dtype, scores.device))  # in place: matmul keeps no output
         probs = scores.softmax(dim=-1)
         return (probs @ v).transpose(1, 2), probs

@@ -67,10 +67,10 @@ def test_rope_qkv_matches_the_pytorch_path(batch, seq, heads, head_dim, threads)
     grads = [torch.randn(batch, heads, seq, head_dim) for _ in range(3)]
     with fused_cpu.enabled(False):
         reference = qkv.clone().requires_grad_()
-        expected = _RotaryQKV.apply(reference, cos, sin, heads)
+        expected = _RotaryQKV.apply(reference, cos, sin, heads, head_dim ** -0.5)
         torch.autograd.backward(expected, grads)
-    out = fused_cpu.rope_qkv_forward(qkv, cos, sin, heads)
-    grad = fused_cpu.rope_qkv_backward(*grads, cos, sin)
+    out = fused_cpu.rope_qkv_forward(qkv, cos, sin, heads, head_dim ** -0.5)
+    grad = fused_cpu.rope_qkv_backward(*grads, cos, sin, head_dim ** -0.5)
     torch.testing.assert_close(out, torch.stack(expected).detach(), rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(grad, reference.grad, rtol=1e-6, atol=1e-6)
 
