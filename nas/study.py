@@ -472,8 +472,9 @@ def run_worker(search: Search, on_event: Callable[[TrialEvent], None] | None = N
             continue
         plan = plan_next(search, trials)
         sampler = None
-        if plan is not None:
-            sampler = optuna.samplers.PartialFixedSampler(plan.params, study.sampler)
+        if plan is not None:  # every parameter is fixed: a random base sampler is never asked, and unlike TPE
+            # it does not read the study to infer a search space it would not use (one storage read less)
+            sampler = optuna.samplers.PartialFixedSampler(plan.params, optuna.samplers.RandomSampler(seed=len(trials)))
         elif duplicate_streak >= MAX_DUPLICATE_STREAK:
             sampler = optuna.samplers.RandomSampler(seed=search.train.seed + len(trials))
         trial = study.ask()  # a queued trial if there is one, else a fresh one that ``plan`` or the sampler fills
