@@ -210,7 +210,7 @@ def rmsnorm_backward(d_y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
 
 def rope_qkv_forward(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int,
                      q_scale: float = 1.0) -> torch.Tensor:
-    """(3, B, H, T, Dh): q (times ``q_scale``) and k rotated, v copied, from the contiguous (B, T, 3 H Dh) projection."""
+    """(3, B, H, T, Dh): q (times ``q_scale``) and k rotated, v copied, from the contiguous (B, T, 3 H Dh) qkv."""
     B, T, three_d = qkv.shape
     head_dim = three_d // (3 * n_heads)
     out = qkv.new_empty(3, B, n_heads, T, head_dim)

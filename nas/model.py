@@ -17,7 +17,7 @@ The forward path has no per-head Python loop: a layer's head count only changes 
 attention layer, 1.07-1.22x at head dims 32-64), and RMSNorm has its own backward
 (``_RMSNormFunction``, 1.6x faster than autograd through ``F.rms_norm``), as does the gated
 up-projection of wide FFNs (``_GatedUpProjection``: no (N, 2F) gradient concatenation). On CPU in fp32,
-the elementwise parts of RoPE, RMSNorm and the SwiGLU gate run as one-pass C kernels
+the elementwise parts of RoPE, RMSNorm, the SwiGLU gate and the causal softmax run as one-pass C kernels
 (``nas.fused_cpu``, built on first use; PyTorch ops where no C compiler is found). All paths match HF
 within float rounding (tests check logits and gradients).
 """
@@ -173,8 +173,7 @@ ProbabilityObserver = Callable[[int, torch.Tensor], None]
 
 
 def _blocked_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                               observe: ProbabilityObserver | None = None
-                               ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+                               observe: ProbabilityObserver | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """``_BlockedCausalAttention``'s forward: (output (N, T, Dh), maybe a transposed view; P blocks)."""
     N, T, Dh = q.shape
     transposed = Dh <= TRANSPOSED_MAX_HEAD_DIM

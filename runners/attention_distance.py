@@ -27,7 +27,7 @@ def mean_attention_distance(probs: torch.Tensor) -> float:
 
 
 class AttentionDistance:
-    """``D_l`` of every layer, gathered during an ordinary forward: ``model(idx, targets, observe=AttentionDistance(...))``.
+    """``D_l`` of every layer, gathered during an ordinary forward: ``model(idx, y, observe=AttentionDistance(...))``.
 
     The model shows each layer's probabilities block by block (queries ``r0 .. r0 + Tb`` over keys
     ``< r0 + Tb``, the blocked kernel's own blocks), so no (B, H, T, T) tensor is built. Only the
