@@ -65,12 +65,10 @@ _enabled = True  # switched by ``enabled`` (A/B benchmarks and tests compare bot
 def _cpu_flags() -> str:
     """The CPU's feature flags (``-march=native`` depends on them), empty where /proc/cpuinfo is absent."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:  # not Linux: the compiler and machine name still key the cache
+        return ""
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith(("flags", "Features"))), "")
 
 
 def _compiler() -> str | None:

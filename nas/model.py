@@ -84,7 +84,7 @@ class _ForwardOnly:
     """The ``ctx`` of a forward run outside autograd: attributes are kept, nothing is saved."""
 
     def save_for_backward(self, *tensors: torch.Tensor) -> None:
-        pass
+        """Keeps nothing: no backward will run."""
 
 
 def _apply(function: type[torch.autograd.Function], *args: Any) -> Any:
