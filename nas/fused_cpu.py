@@ -39,6 +39,8 @@ from pathlib import Path
 
 import torch
 
+from nas.errors import UsageError
+
 SOURCE = Path(__file__).with_name("fused_cpu.c")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared")
 ENV_SWITCH = "NAS_FUSED_CPU"  # "0" disables the kernels (PyTorch ops instead)
@@ -93,7 +95,8 @@ def _build(compiler: str, target: Path) -> None:
         result = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True,
                                 timeout=BUILD_TIMEOUT_S)
         if result.returncode != 0:
-            raise RuntimeError(f"{compiler} failed: {result.stderr.strip().splitlines()[-1:] or result.returncode}")
+            last = (result.stderr.strip().splitlines() or [f"exit code {result.returncode}"])[-1]
+            raise RuntimeError(f"{compiler} failed: {last}")
         os.chmod(tmp, 0o755)
         os.replace(tmp, target)
     finally:
@@ -102,8 +105,7 @@ def _build(compiler: str, target: Path) -> None:
 
 
 def _load() -> None:
-    global _library, _reason, _loaded
-    _loaded = True
+    global _library, _reason
     if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
         _reason = f"disabled by {ENV_SWITCH}"
         return
@@ -120,7 +122,8 @@ def _load() -> None:
         for name, argtypes in _SIGNATURES.items():
             fn = getattr(lib, name)
             fn.argtypes, fn.restype = argtypes, None
-    except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as exc:
+    except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError, UsageError) as exc:  # UsageError: no
+        # writable cache folder; the PyTorch ops still work
         _reason = f"build or load failed: {exc}"
         _warn()
         return
@@ -134,10 +137,12 @@ def _warn() -> None:
 
 def library() -> ctypes.CDLL | None:
     """The loaded kernels, building them on first use; None when they are unavailable (see ``status``)."""
+    global _loaded
     if not _loaded:
         with _lock:
             if not _loaded:
                 _load()
+                _loaded = True  # only now: a thread that skips the lock must not see a half-done load
     return _library
 
 
