@@ -58,7 +58,7 @@ def run(cfg: BenchConfig) -> Figure:
     import torch
 
     from nas.arch import uniform
-    from nas.model import Transformer
+    from nas.model.transformer import Transformer
 
     started = time.perf_counter()
     n = 512 if cfg.smoke else PEAK_N

@@ -66,7 +66,7 @@ def machine_info(threads: int, device: str) -> dict[str, Any]:
     import optuna
     import torch
 
-    from nas import fused_cpu
+    from nas.model import fused_cpu
 
     try:
         import transformers

@@ -19,7 +19,7 @@ K_VALUES = (2, 4, 8)
 def run(cfg: BenchConfig) -> Figure:
     import torch
 
-    from nas.model import Transformer
+    from nas.model.transformer import Transformer
     from runners.presets import get_preset
     from search_spaces.hourglass import HourglassSpace
 

@@ -5,7 +5,7 @@ gives the training time and the run's wall time; its pieces are re-timed one by 
 same model and data (model build, validation batches, the intermediate evaluations on the
 short pruning slice, the final evaluation, which also measures the attention distance). The study's own cost per trial
 (sampler proposal, de-duplication lookups, heartbeat, storage writes of every attribute and
-intermediate value in a SQLite study) is measured by running a default ``nas.study.run_search``
+intermediate value in a SQLite study) is measured by running a default ``nas.study.parallel.run_search``
 (prism space, 200 trials, TPE, median pruner) for 40 trials with the training replaced by a
 stub that replays the real trial's result: everything but training.
 Target: overhead <= 5 % of the trial's wall time (training + overhead).
@@ -38,8 +38,8 @@ def trial_pieces(arch, train, data, reps: int) -> dict[str, float]:
     """Run one trial, then re-time its non-training pieces on the same shape and data."""
     import torch
 
-    from nas.data import validation_batches
-    from nas.model import Transformer
+    from nas.data.loading import validation_batches
+    from nas.model.transformer import Transformer
     from runners.proxy import build_optimizer, evaluate, final_evaluation, run
 
     device = torch.device("cpu")
@@ -74,11 +74,12 @@ def study_overhead(result, trials: int, cache_dir: str | None, preset: str) -> t
     The study is the default one (``SearchConfig()``: prism space of the preset, 200 trials, TPE,
     median pruner) in a fresh SQLite file; it is stopped after ``trials`` counted trials.
     """
-    import nas.study as study_module
-    from nas.study import SearchConfig, run_search
+    import nas.study.trial as study_module
+    from nas.study.config import SearchConfig
+    from nas.study.parallel import run_search
 
     if not hasattr(study_module, "run_proxy"):
-        raise RuntimeError("nas.study.run_proxy is gone: update benchmarks/overhead.py to stub the new training call")
+        raise RuntimeError("nas.study.trial.run_proxy is gone: update benchmarks/overhead.py to stub the new training call")
 
     def stub(arch, train, data, report=None):
         offset = (zlib.crc32(arch.key().encode()) % 1000) / 1e4  # a stable per-shape loss difference for the sampler
@@ -115,7 +116,7 @@ def study_overhead(result, trials: int, cache_dir: str | None, preset: str) -> t
 
 
 def run(cfg: BenchConfig) -> Figure:
-    from nas.data import load_data
+    from nas.data.loading import load_data
     from runners.presets import get_preset
 
     started = time.perf_counter()
@@ -149,7 +150,7 @@ def run(cfg: BenchConfig) -> Figure:
         target=f"<= {TARGET:.0%} of a default trial",
         method=("one real trial of the baseline with the preset's TrainConfig (runners.proxy.run, builtin data); "
                 "training = the run's train_time_s; pieces re-timed separately on the same model and data "
-                "(median of repeats); 'rest' = wall - training - pieces; study cost = a default nas.study.run_search "
+                "(median of repeats); 'rest' = wall - training - pieces; study cost = a default nas.study.parallel.run_search "
                 "(SearchConfig(): 200 trials, TPE, median pruner, SQLite) with training replaced by a replay of the "
                 "real trial's result (de-duplication, heartbeats, attribute writes included), seconds per counted "
                 f"trial over trials {study_trials // 2}-{study_trials}; one warm-up run before the measured trial"),

@@ -19,7 +19,7 @@ OTHERS = ("1x2,2x2,4x2,12x6", "4x3,8x3,12x6", "2x2,6x4,12x6", "8x4,12x8")  # hea
 def run(cfg: BenchConfig) -> Figure:
     import torch
 
-    from nas.model import Transformer
+    from nas.model.transformer import Transformer
     from runners.presets import get_preset
     from search_spaces.prism import PrismSpace, format_plateaus, parse_schedule
 

@@ -130,7 +130,8 @@ def simulate(strategy: Strategy, space, table, targets: set[str], train, seed: i
     import optuna
     from optuna.trial import TrialState
 
-    from nas.study import SearchConfig, make_pruner, make_sampler
+    from nas.study.config import SearchConfig
+    from nas.study.session import make_pruner, make_sampler
 
     config = SearchConfig(sampler=strategy.sampler, pruner="median" if strategy.prune else "none")
     study = optuna.create_study(sampler=make_sampler(config, seed), pruner=make_pruner(config, train))
@@ -186,7 +187,7 @@ def simulate(strategy: Strategy, space, table, targets: set[str], train, seed: i
 def run(cfg: BenchConfig) -> Figure:
     import optuna
 
-    from nas.data import load_data
+    from nas.data.loading import load_data
     from search_spaces.hourglass import HourglassSpace
 
     started = time.perf_counter()

@@ -93,7 +93,7 @@ def run(cfg: BenchConfig) -> Figure:
     import torch
 
     from nas.arch import FFNShape, llama_ffn_hidden, uniform
-    from nas.model import Transformer
+    from nas.model.transformer import Transformer
 
     started = time.perf_counter()
     rows = []

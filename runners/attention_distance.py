@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-from nas.model import Transformer
+from nas.model.transformer import Transformer
 
 
 def mean_attention_distance(probs: torch.Tensor) -> float:

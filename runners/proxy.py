@@ -15,9 +15,9 @@ from typing import Callable
 import torch
 
 from nas.arch import ArchConfig
-from nas.data import BatchSampler, TokenData, check_enough_tokens, validation_batches
+from nas.data.loading import BatchSampler, TokenData, check_enough_tokens, validation_batches
 from nas.errors import UsageError
-from nas.model import Transformer
+from nas.model.transformer import Transformer
 from runners.attention_distance import AttentionDistance
 from runners.config import TrainConfig
 from runners.device import autocast, is_out_of_memory, peak_memory_mb, reset_peak_memory, resolve_device, set_threads

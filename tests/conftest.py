@@ -25,7 +25,7 @@ def nas_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="session")
 def builtin_data(nas_cache: str):
-    from nas.data import load_data
+    from nas.data.loading import load_data
 
     return load_data("builtin")
 

@@ -14,7 +14,7 @@ from typing import Callable, Iterable
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from nas.records import counts, key_seed
+from nas.study.records import counts, key_seed
 
 NAS = [sys.executable, "-m", "nas.cli"]
 TINY = ["--preset", "tiny"]
@@ -76,8 +76,8 @@ def stop(process: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
 
 
 def load_trials(storage: str, study_name: str) -> list[FrozenTrial]:
-    """The study's trials, read with plain Optuna (PostgreSQL through ``nas.storage``, which picks the driver)."""
-    from nas.storage import make_storage
+    """The study's trials, read with plain Optuna (PostgreSQL through ``nas.study.storage``, which picks the driver)."""
+    from nas.study.storage import make_storage
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     store = storage if storage.startswith("sqlite") else make_storage(storage)
@@ -131,7 +131,7 @@ def pop_queued_trials(url: str, study_name: str, asks: int, start_at: float, out
     """A worker process for the queue race: ``asks`` times ``study.ask()`` from ``start_at`` on, numbers to ``out``."""
     import json
 
-    from nas.storage import make_storage
+    from nas.study.storage import make_storage
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.load_study(study_name=study_name, storage=make_storage(url))
@@ -150,7 +150,7 @@ def child_pids(pid: int) -> list[int]:
 def open_storage_at(url: str, start_at: float, out: str) -> None:
     """A worker process for the first-start race: open ``url`` at ``start_at``; "ok" or the one-line error to ``out``."""
     from nas.errors import UsageError
-    from nas.storage import make_storage
+    from nas.study.storage import make_storage
 
     while time.time() < start_at:
         time.sleep(0.001)

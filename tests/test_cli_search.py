@@ -17,9 +17,12 @@ from typer.testing import CliRunner
 
 import runners.device
 from nas.arch import uniform
-from nas.cli import app
-from nas.progress import Progress
-from nas.study import SearchConfig, TrialEvent, make_sampler, run_search, summary
+from nas.cli.commands import app
+from nas.cli.progress import Progress
+from nas.study.config import SearchConfig
+from nas.study.parallel import run_search
+from nas.study.session import make_sampler
+from nas.study.worker import summary, TrialEvent
 from search_helpers import SPACE5, TINY, assert_no_repeated_work, counted, load_trials, run_nas, sqlite_url
 from search_spaces.factory import SpaceOptions
 
@@ -74,15 +77,15 @@ def test_bad_option_exit_status_is_2_from_the_real_command(tmp_path):
                                   ["--preset", "huge"], ["--lr", "-1"]])
 def test_bad_search_options_are_reported_before_torch_is_imported(args):
     """A typo is answered in about a second: importing torch (the study, the model) takes ~4 s."""
-    code = ("import sys; from typer.testing import CliRunner; from nas.cli import app; "
+    code = ("import sys; from typer.testing import CliRunner; from nas.cli.commands import app; "
             f"r = CliRunner().invoke(app, ['search', *{args!r}]); print(r.exit_code, 'torch' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.stdout.split() == ["2", "False"], proc.stdout + proc.stderr
 
 
 def test_run_only_options_keep_the_default_study_name_and_training_changes_add_a_hash():
-    from nas.data import load_data
-    from nas.study import default_study_name, identity, train_config
+    from nas.data.loading import load_data
+    from nas.study.identity import default_study_name, identity, train_config
     from runners.presets import get_preset
     from search_spaces.factory import build_space
 

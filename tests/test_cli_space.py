@@ -10,7 +10,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from nas.cli_space import space_app, space_options_from_cli
+from nas.cli.space import space_app, space_options_from_cli
 from nas.errors import UsageError
 from search_spaces.factory import DEFAULT_BASELINE, SpaceOptions, build_space
 from search_spaces.hourglass import HourglassSpace

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-import nas.data_sources as sources
-from nas.data import BatchSampler, TokenData, check_enough_tokens, load_data, validation_batches
-from nas.data_cache import cache_root
-from nas.data_sources import SEPARATOR, ConcatTokens, is_validation_file
+import nas.data.sources as sources
+from nas.data.loading import BatchSampler, TokenData, check_enough_tokens, load_data, validation_batches
+from nas.data.cache import cache_root
+from nas.data.sources import SEPARATOR, ConcatTokens, is_validation_file
 from nas.errors import UsageError
 
 

@@ -12,9 +12,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nas import fused_cpu
+from nas.model import fused_cpu
 from nas.arch import ArchConfig, FFNShape
-from nas.model import RotaryTable, Transformer, _RotaryQKV
+from nas.model.kernels import RotaryQKV
+from nas.model.transformer import RotaryTable, Transformer
 
 pytestmark = pytest.mark.skipif(fused_cpu.library() is None, reason=f"fused CPU kernels: {fused_cpu.status()}")
 
@@ -67,7 +68,7 @@ def test_rope_qkv_matches_the_pytorch_path(batch, seq, heads, head_dim, threads)
     grads = [torch.randn(batch, heads, seq, head_dim) for _ in range(3)]
     with fused_cpu.enabled(False):
         reference = qkv.clone().requires_grad_()
-        expected = _RotaryQKV.apply(reference, cos, sin, heads, head_dim ** -0.5)
+        expected = RotaryQKV.apply(reference, cos, sin, heads, head_dim ** -0.5)
         torch.autograd.backward(expected, grads)
     out = fused_cpu.rope_qkv_forward(qkv, cos, sin, heads, head_dim ** -0.5)
     grad = fused_cpu.rope_qkv_backward(*grads, cos, sin, head_dim ** -0.5)
@@ -108,9 +109,9 @@ def _status_in_subprocess(env: dict[str, str]) -> dict:
     code = ("import json, warnings, torch\n"
             "with warnings.catch_warnings(record=True) as caught:\n"
             "    warnings.simplefilter('always')\n"
-            "    from nas import fused_cpu\n"
+            "    from nas.model import fused_cpu\n"
             "    from nas.arch import uniform\n"
-            "    from nas.model import Transformer\n"
+            "    from nas.model.transformer import Transformer\n"
             "    model = Transformer(uniform(2, 16, 4, 32))\n"
             "    model(torch.randint(0, 32, (2, 8)), torch.randint(0, 32, (2, 8))).backward()\n"
             "    print(json.dumps({'status': fused_cpu.status(), 'warnings': [str(w.message) for w in caught]}))\n")
@@ -143,7 +144,7 @@ def test_falls_back_with_a_warning_when_the_build_fails(tmp_path) -> None:
 @pytest.mark.slow
 def test_concurrent_builds_share_one_cached_library(tmp_path) -> None:
     env = {**os.environ, "NAS_CACHE": str(tmp_path)}
-    code = "from nas import fused_cpu; print(fused_cpu.status())"
+    code = "from nas.model import fused_cpu; print(fused_cpu.status())"
     procs = [subprocess.Popen([sys.executable, "-c", code], env=env, cwd=REPO, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(3)]
     outputs = [p.communicate(timeout=120) for p in procs]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from nas.arch import ArchConfig, FFNShape, divisors_up_to, uniform
-from nas.model import Transformer
+from nas.model.transformer import Transformer
 from search_spaces.prism import PrismSpace
 
 
@@ -97,13 +97,13 @@ def test_logits_match_hf_llama_with_the_same_weights(arch: ArchConfig) -> None:
 @pytest.mark.parametrize("arch, T, blocked", [
     (uniform(2, 96, 12, 256, FFNShape(1, 256)), 128, True),  # the default proxy's head dim 8, its context 128
     (uniform(2, 96, 8, 300, FFNShape(1, 192), tie_embeddings=False), 100, True),  # head dim 12, 2 uneven blocks
-    (uniform(2, 64, 2, 256, FFNShape(1, 2048)), 200, True),  # head dim 32, 3 query blocks, _GatedUpProjection
+    (uniform(2, 64, 2, 256, FFNShape(1, 2048)), 200, True),  # head dim 32, 3 query blocks, GatedUpProjection
     (uniform(1, 32, 4, 256, FFNShape(1, 64)), 24, True),  # a single block shorter than QUERY_BLOCK
     (uniform(1, 32, 1, 256, FFNShape(1, 64)), 600, False),  # beyond BLOCKED_ATTENTION_MAX_T: SDPA
 ], ids=["dh8-T128", "dh12-T100", "dh32-T200", "dh8-T24", "sdpa-T600"])
 def test_cpu_attention_paths_match_hf_in_logits_and_gradients(arch: ArchConfig, T: int, blocked: bool) -> None:
-    """CPU training through _BlockedCausalAttention (own forward and backward) or SDPA matches HF's eager LLaMA."""
-    from nas.model import use_blocked_attention
+    """CPU training through BlockedCausalAttention (own forward and backward) or SDPA matches HF's eager LLaMA."""
+    from nas.model.kernels import use_blocked_attention
 
     # the path under test is taken (batch 3)
     assert use_blocked_attention(torch.device("cpu"), 3 * arch.heads[0], T, 4) == blocked
@@ -188,12 +188,13 @@ def test_odd_head_dims_use_partial_rotary() -> None:
 
 def test_rms_norm_function_matches_autograd_through_f_rms_norm() -> None:
     """The hand-written RMSNorm backward: gradcheck in float64, and equal to F.rms_norm's autograd in fp32."""
-    from nas.model import RMSNorm, _RMSNormFunction
+    from nas.model.kernels import RMSNormFunction
+    from nas.model.transformer import RMSNorm
 
     torch.manual_seed(0)
     x64 = torch.randn(2, 5, 7, dtype=torch.float64, requires_grad=True)
     w64 = torch.randn(7, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda a, b: _RMSNormFunction.apply(a, b, 1e-5), (x64, w64))
+    assert torch.autograd.gradcheck(lambda a, b: RMSNormFunction.apply(a, b, 1e-5), (x64, w64))
     norm = RMSNorm(48, 1e-5)
     with torch.no_grad():
         norm.weight.uniform_(0.5, 1.5)
@@ -209,13 +210,14 @@ def test_rms_norm_function_matches_autograd_through_f_rms_norm() -> None:
 
 
 def test_gated_up_projection_matches_autograd_through_the_fused_matmul() -> None:
-    """The wide-FFN path (_GatedUpProjection, own backward): gradcheck in float64, equal to autograd in fp32."""
-    from nas.model import GATED_UP_MIN_ELEMENTS, SwiGLU, _GatedUpProjection
+    """The wide-FFN path (GatedUpProjection, own backward): gradcheck in float64, equal to autograd in fp32."""
+    from nas.model.kernels import GATED_UP_MIN_ELEMENTS, GatedUpProjection
+    from nas.model.transformer import SwiGLU
 
     torch.manual_seed(0)
     x64 = torch.randn(2, 3, 5, dtype=torch.float64, requires_grad=True)
     w64 = torch.randn(8, 5, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(_GatedUpProjection.apply, (x64, w64))
+    assert torch.autograd.gradcheck(GatedUpProjection.apply, (x64, w64))
     ffn = SwiGLU(64, 4096)
     x = torch.randn(2, 128, 64, requires_grad=True)
     assert 2 * 128 * 4096 >= GATED_UP_MIN_ELEMENTS  # the path under test is taken

@@ -5,8 +5,8 @@ from __future__ import annotations
 import optuna
 from optuna.trial import TrialState
 
-from nas.search_config import SearchConfig
-from nas.study import MEDIAN_STARTUP_TRIALS, make_pruner
+from nas.study.config import SearchConfig
+from nas.study.session import make_pruner, MEDIAN_STARTUP_TRIALS
 from runners.config import TrainConfig
 
 STEP = 8_192

@@ -12,10 +12,11 @@ import pytest
 from optuna.trial import TrialState
 from typer.testing import CliRunner
 
-from nas.cli import app
+from nas.cli.commands import app
 from nas.errors import UsageError
-from nas.records import counts
-from nas.study import SearchConfig, run_search
+from nas.study.records import counts
+from nas.study.config import SearchConfig
+from nas.study.parallel import run_search
 from runners.presets import get_preset
 from search_helpers import SPACE5, TINY, assert_no_repeated_work, counted, load_trials, run_nas, sqlite_url
 from search_spaces.factory import SpaceOptions, build_space

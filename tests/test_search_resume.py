@@ -10,9 +10,12 @@ import optuna
 import pytest
 from optuna.trial import FrozenTrial, TrialState
 
-from nas.records import counts, key_seed
-import nas.study
-from nas.study import SearchConfig, open_search, run_search
+from nas.study.records import counts, key_seed
+import nas.study.recovery
+import nas.study.trial
+from nas.study.config import SearchConfig
+from nas.study.parallel import run_search
+from nas.study.session import open_search
 from runners.presets import get_preset
 from search_helpers import SPACE3, TINY, assert_no_repeated_work, counted, load_trials, run_nas, sqlite_url, \
     start_nas, stop, wait_for
@@ -136,10 +139,10 @@ def test_ctrl_c_marks_the_running_trial_interrupted_requeues_it_and_exits_130(tm
 def test_a_worker_whose_trial_was_failed_as_stale_meanwhile_goes_on(tmp_path, one_thread, monkeypatch):
     # a starved worker's heartbeat went stale: another worker failed its trial and re-queued it while it trained;
     # writing the result then fails, and the worker must go on (the retry trains the shape), not crash
-    import nas.study
+    import nas.study.trial
 
     storage = sqlite_url(tmp_path / "starved.db")
-    train = nas.study.run_proxy
+    train = nas.study.trial.run_proxy
     lost: list[int] = []
 
     def train_while_another_worker_fails_the_trial(*args, **kwargs):
@@ -152,7 +155,7 @@ def test_a_worker_whose_trial_was_failed_as_stale_meanwhile_goes_on(tmp_path, on
             lost.append(running.number)
         return result
 
-    monkeypatch.setattr(nas.study, "run_proxy", train_while_another_worker_fails_the_trial)
+    monkeypatch.setattr(nas.study.trial, "run_proxy", train_while_another_worker_fails_the_trial)
     events = []
     run_search(SearchConfig(space=SpaceOptions(space="prism"), preset="tiny", storage=storage, study_name="starved",
                             trials=TRIALS), on_event=events.append)
@@ -167,7 +170,7 @@ def test_a_worker_whose_trial_was_failed_as_stale_meanwhile_goes_on(tmp_path, on
 def test_a_trial_abandoned_before_its_first_heartbeat_does_not_hang_the_search(tmp_path, one_thread, monkeypatch):
     # a worker killed between ask() and its first heartbeat leaves a RUNNING trial that Optuna's stale check never
     # fails (it has no heartbeat row); a waiting worker must fail it and re-queue its shape after ABANDONED_AFTER_S
-    monkeypatch.setattr(nas.study, "ABANDONED_AFTER_S", 1.0)
+    monkeypatch.setattr(nas.study.recovery, "ABANDONED_AFTER_S", 1.0)
     storage = sqlite_url(tmp_path / "abandoned.db")
     config = SearchConfig(space=SpaceOptions(space="prism"), preset="tiny", storage=storage, study_name="abandoned",
                           trials=TRIALS, heartbeat_interval=1, train_overrides=(("tokens", 8_000),))

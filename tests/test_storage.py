@@ -1,4 +1,4 @@
-"""``nas.storage``: one-transaction attribute writes (same values as Optuna's API), trials that never beat."""
+"""``nas.study.storage``: one-transaction attribute writes (same values as Optuna's API), trials that never beat."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from nas.storage import make_storage, unbeaten_trial_ids, write_user_attrs
+from nas.study.storage import make_storage, unbeaten_trial_ids, write_user_attrs
 
 ATTRS = {"key": "h=4x4", "seed": 3, "curve": [[1, 2.5], [2, None]], "arch": {"heads": [1, 2], "k": 4},
          "val_loss": 2.75, "reason": None, "unicode": "Δ h_l ≤ h_{l+1}"}

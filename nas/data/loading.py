@@ -5,7 +5,7 @@
 - ``builtin`` (default): the standard library's ``.py`` sources (no ``test``/``tests``/
   ``idle_test`` directories, no site-packages) and ``pydoc_data.topics``, byte-level
   (uint8, vocab 256). Files go to validation by a fixed hash of their path (~5%); the
-  topics go to training. Built once into ``$NAS_CACHE`` (see ``nas.data_cache``) and
+  topics go to training. Built once into ``$NAS_CACHE`` (see ``nas.data.cache``) and
   memory-mapped from then on; the entry is keyed by the Python version and every file's
   name, size and mtime, so it is rebuilt whenever they change.
 - a text file, a directory of text files, or a glob: byte-level, split by file with the
@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from nas.data_cache import cache_root
-from nas.data_sources import (
+from nas.data.cache import cache_root
+from nas.data.sources import (
     FileEntry,
     builtin_documents,
     expand_glob,

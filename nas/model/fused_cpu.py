@@ -79,7 +79,7 @@ def _compiler() -> str | None:
 
 def library_path(compiler: str) -> Path:
     """Where the built library for this source, compiler, flags and CPU lives in the cache."""
-    from nas.data_cache import cache_root
+    from nas.data.cache import cache_root
 
     key = hashlib.sha256("\n".join([SOURCE.read_text(), compiler, " ".join(FLAGS), platform.machine(),
                                     _cpu_flags()]).encode()).hexdigest()[:16]

@@ -6,7 +6,8 @@ import sys
 import time
 from typing import TextIO
 
-from nas.study import Search, TrialEvent
+from nas.study.session import Search
+from nas.study.worker import TrialEvent
 
 
 def _duration(seconds: float) -> str:

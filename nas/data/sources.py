@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from nas.data_cache import atomic_write, cache_key, cached_json, file_stamp, open_u8, read_json, scan_tokens, write_json
+from nas.data.cache import atomic_write, cache_key, cached_json, file_stamp, open_u8, read_json, scan_tokens, write_json
 from nas.errors import UsageError
 
 SEPARATOR = b"\x1c"  # ASCII "file separator" between documents; absent from ordinary text

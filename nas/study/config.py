@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nas.errors import UsageError
-from nas.storage import DEFAULT_STORAGE
+from nas.study.storage import DEFAULT_STORAGE
 from runners.presets import DEFAULT_PRESET, get_preset
 from search_spaces.factory import SpaceOptions, build_space
 

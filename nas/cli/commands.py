@@ -14,7 +14,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 import nas
-from nas.cli_space import fail, space_app, with_space_options
+from nas.cli.space import fail, space_app, with_space_options
 from nas.errors import UsageError
 from search_spaces.factory import SpaceOptions
 
@@ -109,7 +109,7 @@ def search(
                                            "silent for 3x this is failed and re-queued.")] = 10,
 ) -> None:
     """Run (or resume) an Optuna study whose trials are short proxy trainings of shapes from the space."""
-    from nas.search_config import SearchConfig, precheck
+    from nas.study.config import SearchConfig, precheck
 
     try:
         config = SearchConfig(
@@ -122,8 +122,9 @@ def search(
         precheck(config)  # before torch is imported: a mistyped option is reported at once
     except UsageError as error:
         raise _usage(error) from None
-    from nas.progress import Progress
-    from nas.study import SearchAborted, interruptible, run_search, trials_done
+    from nas.cli.progress import Progress
+    from nas.study.parallel import interruptible, run_search
+    from nas.study.worker import SearchAborted, trials_done
 
     interruptible()
     try:
@@ -148,7 +149,7 @@ def search(
 def _load_study(storage: str, study_name: str | None):
     import optuna
 
-    from nas.storage import make_storage
+    from nas.study.storage import make_storage
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     store = make_storage(storage)
@@ -216,7 +217,7 @@ def dashboard(
     """Serve optuna-dashboard for the storage (live view of running studies)."""
     from optuna_dashboard import run_server
 
-    from nas.storage import make_storage
+    from nas.study.storage import make_storage
 
     if not 0 < port < 65536:
         raise _usage(UsageError(f"--port {port} is invalid: use 1-65535"))
@@ -244,7 +245,7 @@ def train(
 ) -> None:
     """Train one shape once and print its result as JSON."""
     from nas.arch import ArchConfig
-    from nas.data import load_data
+    from nas.data.loading import load_data
     from runners.presets import get_preset
     from runners.proxy import run
 

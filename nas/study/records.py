@@ -20,8 +20,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from nas.arch import ArchConfig
-from nas.storage import write_user_attrs
-from runners.result import TrialResult
+from nas.study.storage import write_user_attrs
 
 RESULT_FAILURES = ("diverged", "oom")  # failed *results*: the shape was trained and is bad
 
@@ -31,19 +30,8 @@ def shape_attrs(arch: ArchConfig, seed: int, role: str) -> dict[str, Any]:
     return {"key": arch.key(), "seed": seed, "role": role, "arch": arch.to_dict(), **arch.summary()}
 
 
-def result_attrs(result: TrialResult) -> dict[str, Any]:
-    data = result.to_dict()
-    data["params_breakdown"] = data.pop("params")
-    for name in ("val_loss", "val_ppl"):
-        if not math.isfinite(data[name]):
-            data[name] = None  # JSON has no NaN/inf
-    data["eval_curve"] = [[t, v if math.isfinite(v) else None] for t, v in data["eval_curve"]]
-    data["train_curve"] = [[t, v if math.isfinite(v) else None] for t, v in data["train_curve"]]
-    return data
-
-
 def set_attrs(trial: optuna.Trial, attrs: dict[str, Any]) -> None:
-    """All of ``attrs`` in one storage transaction (see ``nas.storage.write_user_attrs``)."""
+    """All of ``attrs`` in one storage transaction (see ``nas.study.storage.write_user_attrs``)."""
     write_user_attrs(trial, attrs)
 
 

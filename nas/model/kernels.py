@@ -1,0 +1,335 @@
+"""CPU autograd functions behind ``nas.model.transformer``: each has its own backward, and its forward alone runs in evaluation.
+
+- ``RotaryQKV``: the fused q/k/v projection split into heads, RoPE applied to q and k, q pre-scaled by 1/sqrt(Dh);
+- ``BlockedCausalAttention``: exact causal attention by batched matmuls over query blocks (CPU, T <= 512);
+- ``GatedUpProjection``: ``silu(x W_gate^T) * (x W_up^T)`` from the stacked weight;
+- ``RMSNormFunction``: RMSNorm in four passes forward and backward.
+
+On CPU in fp32 their elementwise parts run as one-pass C kernels (``nas.model.fused_cpu``, built on
+first use; PyTorch ops where no C compiler is found). Every path matches HF ``LlamaForCausalLM`` within
+float rounding (``tests/test_model.py`` checks logits and gradients, ``gradcheck`` the backward passes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from nas.model import fused_cpu
+
+def rotate_into(out: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: float) -> None:
+    """``out = R(sign * theta) x`` over the last dim (HF ``rotate_half`` pairing); ``x`` may be any strided view.
+
+    ``sign=1`` is RoPE, ``sign=-1`` its inverse (= its transpose, which is the backward). Four
+    fused multiply-adds on halves, no temporaries; channels beyond ``2 * cos.shape[-1]`` are copied.
+    """
+    half = cos.shape[-1]
+    x1, x2 = x[..., :half], x[..., half:2 * half]
+    o1, o2 = out[..., :half], out[..., half:2 * half]
+    torch.mul(x1, cos, out=o1)
+    o1.addcmul_(x2, sin, value=-sign)  # x1 cos - x2 sin
+    torch.mul(x2, cos, out=o2)
+    o2.addcmul_(x1, sin, value=sign)  # x2 cos + x1 sin
+    if 2 * half < x.shape[-1]:
+        out[..., 2 * half:].copy_(x[..., 2 * half:])
+
+
+class _ForwardOnly:
+    """The ``ctx`` of a forward run outside autograd: attributes are kept, nothing is saved."""
+
+    def save_for_backward(self, *tensors: torch.Tensor) -> None:
+        """Keeps nothing: no backward will run."""
+
+
+def apply_function(function: type[torch.autograd.Function], *args: Any) -> Any:
+    """``function.apply(*args)``; without grad mode (evaluation), its forward alone, skipping the autograd node.
+
+    Saves ~25 us per call, ~1.5 ms of the default proxy's ~45 ms evaluation forward (61 calls).
+    """
+    if torch.is_grad_enabled():
+        return function.apply(*args)
+    return function.forward(_ForwardOnly(), *args)
+
+
+class RotaryQKV(torch.autograd.Function):
+    """Fused qkv (B, T, 3d) -> q, k rotated and v, each contiguous (B, H, T, Dh), as one autograd node.
+
+    q also comes out multiplied by ``q_scale`` (the attention's 1/sqrt(Dh)): in the fused kernel
+    that is free, and the attention then makes no pass over q (nor over dq in the backward). The
+    backward rotates dq, dk back and writes dq, dk, dv straight into one (B, T, 3d) gradient,
+    instead of autograd's zero-filled slice gradients summed together.
+    """
+
+    @staticmethod
+    def forward(ctx, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int, q_scale: float):
+        B, T, three_d = qkv.shape
+        head_dim = three_d // (3 * n_heads)
+        ctx.fused = fused_cpu.usable(qkv, cos, sin) and qkv.is_contiguous()
+        if ctx.fused:  # one pass (fused_cpu.c): 3x faster than the strided ops below at B16 T256 Dh32
+            cos, sin = cos.contiguous(), sin.contiguous()
+            out = fused_cpu.rope_qkv_forward(qkv, cos, sin, n_heads, q_scale)
+        else:
+            src = qkv.view(B, T, 3, n_heads, head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H, T, Dh) view
+            out = qkv.new_empty(3, B, n_heads, T, head_dim)
+            rotate_into(out[:2], src[:2], cos, sin, 1.0)
+            out[0].mul_(q_scale)
+            out[2].copy_(src[2])
+        ctx.save_for_backward(cos, sin)
+        ctx.n_heads, ctx.q_scale = n_heads, q_scale
+        return out[0], out[1], out[2]
+
+    @staticmethod
+    def backward(ctx, dq, dk, dv):
+        cos, sin = ctx.saved_tensors
+        B, H, T, Dh = next(g for g in (dq, dk, dv) if g is not None).shape
+        if ctx.fused:
+            dq, dk, dv = (g.contiguous() if g is not None else cos.new_zeros(B, H, T, Dh) for g in (dq, dk, dv))
+            return fused_cpu.rope_qkv_backward(dq, dk, dv, cos, sin, ctx.q_scale), None, None, None, None
+        grad = dq.new_empty(B, T, 3, H, Dh) if dq is not None else dk.new_empty(B, T, 3, H, Dh)
+        dst = grad.permute(2, 0, 3, 1, 4)  # (3, B, H, T, Dh) view
+        for i, g in enumerate((dq, dk)):
+            if g is None:
+                dst[i].zero_()
+            else:
+                rotate_into(dst[i], g, cos, sin, -1.0)
+        dst[0].mul_(ctx.q_scale)
+        if dv is None:
+            dst[2].zero_()
+        else:
+            dst[2].copy_(dv)
+        return grad.view(B, T, 3 * H * Dh), None, None, None, None
+
+
+_CAUSAL_MASKS: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def causal_mask(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """(n, n) additive mask: 0 on and below the diagonal, -inf above. Cached."""
+    key = (n, dtype, device)
+    if key not in _CAUSAL_MASKS:
+        _CAUSAL_MASKS[key] = torch.full((n, n), float("-inf"), dtype=dtype, device=device).triu(1)
+    return _CAUSAL_MASKS[key]
+
+
+QUERY_BLOCK = 64  # queries per block of BlockedCausalAttention (measured best on 2 cores for T = 32 ... 1024)
+
+
+def _query_blocks(seq_len: int) -> list[tuple[int, int]]:
+    """Row ranges [r0, r1) of the query blocks: ``round(T / 64)`` blocks (at least one) of equal size."""
+    n_blocks = max(1, (seq_len + QUERY_BLOCK // 2) // QUERY_BLOCK)
+    size = -(-seq_len // n_blocks)
+    return [(r0, min(seq_len, r0 + size)) for r0 in range(0, seq_len, size)]
+
+
+ProbabilityObserver = Callable[[int, torch.Tensor], None]
+"""``observe(r0, p)``: one block of causal attention probabilities, queries ``r0 .. r0 + Tb`` over keys
+``0 .. r0 + Tb``: p (N, Tb, r0 + Tb) with N = B h in batch-major order (``Attention.forward(observe=...)``)."""
+
+
+def blocked_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                               observe: ProbabilityObserver | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """``BlockedCausalAttention``'s forward: (output (N, T, Dh), maybe a transposed view; P blocks)."""
+    N, T, Dh = q.shape
+    transposed = Dh <= TRANSPOSED_MAX_HEAD_DIM
+    k_t, v_t = k.transpose(1, 2), v.transpose(1, 2)  # (N, Dh, T) views
+    out = q.new_empty(N, Dh, T) if transposed else q.new_empty(N, T, Dh)
+    probs = []
+    fused = fused_cpu.usable(q)
+    for r0, r1 in _query_blocks(T):
+        p = torch.bmm(q[:, r0:r1], k_t[:, :, :r1])  # (N, Tb, r1): scores of keys < r1
+        if fused:  # one pass, masked keys skipped (fused_cpu.c)
+            fused_cpu.causal_softmax_(p, r0)
+        else:
+            p[:, :, r0:].add_(causal_mask(r1 - r0, q.dtype, q.device))
+            torch._softmax(p, -1, False, out=p)
+        if observe is not None:
+            observe(r0, p)
+        if transposed:
+            out[:, :, r0:r1] = torch.bmm(v_t[:, :, :r1], p.transpose(1, 2))  # (N, Dh, Tb) = (P V)^T
+        else:
+            out[:, r0:r1] = torch.bmm(p, v[:, :r1])  # (N, Tb, Dh)
+        probs.append(p)
+    return (out.transpose(1, 2) if transposed else out), probs
+
+
+class BlockedCausalAttention(torch.autograd.Function):
+    """Exact causal attention by batched matmuls over query blocks: CPU training at T <= 512.
+
+    Inputs and output (N, T, Dh) with N = B H; q comes already multiplied by 1/sqrt(Dh)
+    (``RotaryQKV``), so ``P = softmax(q k^T + causal mask)``. On CPU the cost at these lengths is
+    the (T, T) score tensors and the narrow matmuls, not FLOPs, so:
+
+    1. queries are cut into blocks of ~64 and block ``[r0, r1)`` only scores keys ``< r1``, which
+       skips most of the masked upper triangle (``(n + 1) / 2n`` of the T x T scores with n blocks);
+    2. softmax and its backward run in place on each block's scores;
+    3. the 1/sqrt(Dh) scale was applied to Q (N T Dh values, inside the RoPE pass), not to the scores (N T^2);
+    4. at Dh <= ``TRANSPOSED_MAX_HEAD_DIM`` every product that would be only Dh columns wide
+       (P V, dV, dQ, dK) is computed transposed, (N, Dh, T), which MKL runs several times faster
+       at Dh = 8 (the output is then a transposed view); wider heads compute them as they are
+       (1.02-1.12x faster per attention layer at Dh 12-64 than transposed, 0.82x at Dh 8).
+    """
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        out, probs = blocked_attention_forward(q, k, v)
+        ctx.save_for_backward(q, k, v, *probs)
+        return out
+
+    @staticmethod
+    def backward(ctx, d_out: torch.Tensor):
+        q, k, v, *probs = ctx.saved_tensors
+        N, T, Dh = q.shape
+        if Dh > TRANSPOSED_MAX_HEAD_DIM:
+            return BlockedCausalAttention._backward(q, k, v, probs, d_out)
+        d_out_t = d_out.transpose(1, 2)  # (N, Dh, T)
+        k_t, v_t, q_t = k.transpose(1, 2), v.transpose(1, 2), q.transpose(1, 2)
+        d_q_t = q.new_empty(N, Dh, T)
+        d_k_t = d_v_t = None
+        for (r0, r1), p in reversed(list(zip(_query_blocks(T), probs))):  # the last block spans every key
+            d_o_t = d_out_t[:, :, r0:r1]  # (N, Dh, Tb)
+            ds = torch.bmm(d_o_t.transpose(1, 2), v_t[:, :, :r1])  # (N, Tb, r1) = dO V^T
+            torch._softmax_backward_data(ds, p, -1, p.dtype, grad_input=ds)
+            d_q_t[:, :, r0:r1] = torch.bmm(k_t[:, :, :r1], ds.transpose(1, 2))  # (dS K)^T
+            d_k = torch.bmm(q_t[:, :, r0:r1], ds)  # (N, Dh, r1) = (dS^T Q)^T
+            d_v = torch.bmm(d_o_t, p)  # (N, Dh, r1) = (P^T dO)^T
+            if d_k_t is None:
+                d_k_t, d_v_t = d_k, d_v
+            else:
+                d_k_t[:, :, :r1] += d_k
+                d_v_t[:, :, :r1] += d_v
+        # (N, T, Dh) contiguous: the RoPE backward reads these in Dh-wide rows, ~3x slower from (N, Dh, T)
+        return tuple(g.transpose(1, 2).contiguous() for g in (d_q_t, d_k_t, d_v_t))
+
+    @staticmethod
+    def _backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, probs: list[torch.Tensor],
+                  d_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The backward with untransposed products (Dh > TRANSPOSED_MAX_HEAD_DIM); all (N, T, Dh)."""
+        d_q = torch.empty_like(q)
+        d_k = d_v = None
+        for (r0, r1), p in reversed(list(zip(_query_blocks(q.shape[1]), probs))):
+            d_o = d_out[:, r0:r1]  # (N, Tb, Dh)
+            ds = torch.bmm(d_o, v[:, :r1].transpose(1, 2))  # (N, Tb, r1) = dO V^T
+            torch._softmax_backward_data(ds, p, -1, p.dtype, grad_input=ds)
+            d_q[:, r0:r1] = torch.bmm(ds, k[:, :r1])  # dS K
+            d_k_block = torch.bmm(ds.transpose(1, 2), q[:, r0:r1])  # (N, r1, Dh) = dS^T Q
+            d_v_block = torch.bmm(p.transpose(1, 2), d_o)  # (N, r1, Dh) = P^T dO
+            if d_k is None:
+                d_k, d_v = d_k_block, d_v_block
+            else:
+                d_k[:, :r1] += d_k_block
+                d_v[:, :r1] += d_v_block
+        return d_q, d_k, d_v
+
+
+TRANSPOSED_MAX_HEAD_DIM = 8  # BlockedCausalAttention computes Dh-wide products transposed up to this head dim
+BLOCKED_ATTENTION_MAX_T = 512  # CPU: BlockedCausalAttention up to this context, SDPA's flash kernel beyond
+BLOCKED_ATTENTION_MAX_BYTES = 512 * 2 ** 20  # ... and while one layer's saved scores stay under this
+
+
+def use_blocked_attention(device: torch.device, n_heads_total: int, seq_len: int, element_size: int) -> bool:
+    """Whether a CPU attention call over ``n_heads_total = B H`` heads takes ``BlockedCausalAttention``.
+
+    Measured on 2 cores, forward + backward against SDPA's flash kernel: the kernels alone 1.15-1.35x
+    faster for head dims 8-128 at T = 32-512 and 0.9-1.05x at T = 1024; a whole attention layer
+    (projections, RoPE, output) 1.52x at the default proxy (Dh 8, T 128), 1.07-1.10x at Dh 32-64,
+    T 128-256, 1.22x at T 512. The blocked kernel keeps ``~0.6 N T^2`` scores per layer for the
+    backward (flash keeps O(N T)), hence the memory bound.
+    """
+    saved = n_heads_total * seq_len * seq_len * element_size * 0.6
+    return device.type == "cpu" and seq_len <= BLOCKED_ATTENTION_MAX_T and saved <= BLOCKED_ATTENTION_MAX_BYTES
+
+
+class GatedUpProjection(torch.autograd.Function):
+    """``silu(x W_gate^T) * (x W_up^T)`` from the stacked weight ``[W_gate; W_up]`` (2F, d), one autograd node.
+
+    Backward (``g = x W_gate^T``, ``u = x W_up^T``, ``dh`` the output gradient)::
+
+        dg = silu'(g) (dh u)     du = silu(g) dh
+        dW_gate = dg^T x         dW_up = du^T x      (written into the two halves of one (2F, d) buffer)
+        dx = dg W_gate + du W_up
+
+    Autograd through the fused ``d -> 2F`` matmul, ``chunk`` and the product instead
+    concatenates ``dg`` and ``du`` into a (N, 2F) gradient (a 22 MB copy per layer at d256,
+    B16 T256) and keeps ``silu(g)`` alive for the backward. Measured 1.03-1.05x per FFN at
+    d256-d384 and 0.91-0.98x at d96 (two half-width matmuls cost more there), hence
+    ``GATED_UP_MIN_ELEMENTS``.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        hidden = weight.shape[0] // 2
+        x2 = x.reshape(-1, x.shape[-1])  # (N, d)
+        gate, up = x2 @ weight[:hidden].t(), x2 @ weight[hidden:].t()  # (N, F) each
+        ctx.save_for_backward(x, weight, gate, up)
+        ctx.fused = fused_cpu.usable(gate)
+        h = fused_cpu.swiglu_forward(gate, up) if ctx.fused else F.silu(gate).mul_(up)  # (N, F)
+        return h.view(*x.shape[:-1], hidden)
+
+    @staticmethod
+    def backward(ctx, dh: torch.Tensor):
+        x, weight, gate, up = ctx.saved_tensors
+        hidden = weight.shape[0] // 2
+        x2, dh = x.reshape(-1, x.shape[-1]), dh.reshape(-1, hidden)  # (N, d), (N, F)
+        if ctx.fused:  # one pass instead of five (fused_cpu.c)
+            d_gate, d_up = fused_cpu.swiglu_backward(dh.contiguous(), gate, up)
+        else:
+            d_gate = torch.mul(dh, up)
+            torch.ops.aten.silu_backward.grad_input(d_gate, gate, grad_input=d_gate)  # silu'(g) (dh u), in place
+            d_up = F.silu(gate).mul_(dh)
+        d_weight = None
+        if ctx.needs_input_grad[1]:
+            d_weight = torch.empty_like(weight)
+            torch.mm(d_gate.t(), x2, out=d_weight[:hidden])
+            torch.mm(d_up.t(), x2, out=d_weight[hidden:])
+        d_x = torch.mm(d_gate, weight[:hidden]).addmm_(d_up, weight[hidden:]) if ctx.needs_input_grad[0] else None
+        return (d_x.view_as(x) if d_x is not None else None), d_weight
+
+
+# CPU fp32 without the fused kernels: tokens x hidden from which GatedUpProjection is faster (d >= 128);
+# with them it is faster at every measured size (1.04x per step at the default d96 proxy)
+GATED_UP_MIN_ELEMENTS = 2 ** 20
+
+
+def plain_cpu_fp32(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """CPU, fp32 input and weight, no autocast: where the hand-written backward passes are used."""
+    return (x.device.type == "cpu" and x.dtype == weight.dtype == torch.float32
+            and not torch.is_autocast_enabled("cpu"))
+
+
+class RMSNormFunction(torch.autograd.Function):
+    """``y = x r g`` with ``r = (mean(x^2) + eps)^(-1/2)`` per row, in four passes forward and backward.
+
+    Backward (``D`` = row width, ``t = dy * x``): ``dg = sum_rows(t) r`` (a matrix-vector product),
+    ``dx = r (dy g) - x r^3 (t . g) / D``. Autograd through ``F.rms_norm``'s CPU decomposition
+    takes ~13 elementwise passes; this takes 6 and is 1.6x faster at (16, 256, 256).
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        D = x.shape[-1]
+        ctx.fused = fused_cpu.usable(x, weight) and x.is_contiguous() and weight.is_contiguous()
+        if ctx.fused:  # one pass forward, one backward (fused_cpu.c)
+            y, rstd = fused_cpu.rmsnorm_forward(x, weight, eps)  # rstd (...)
+            ctx.save_for_backward(x, weight, rstd)
+            return y
+        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)  # (..., 1), one fused pass
+        rstd = norm.square_().div_(D).add_(eps).rsqrt_()  # (..., 1)
+        ctx.save_for_backward(x, weight, rstd)
+        return torch.mul(x, rstd).mul_(weight)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        x, weight, rstd = ctx.saved_tensors
+        D = x.shape[-1]
+        if ctx.fused:
+            dx, d_weight = fused_cpu.rmsnorm_backward(dy.contiguous(), x, weight, rstd)
+            return dx, d_weight if ctx.needs_input_grad[1] else None, None
+        x2, dy2, r = x.reshape(-1, D), dy.reshape(-1, D), rstd.reshape(-1)  # (N, D), (N, D), (N,)
+        t = dy2 * x2  # (N, D)
+        d_weight = t.t() @ r if ctx.needs_input_grad[1] else None  # (D,)
+        coef = (t @ weight).mul_(r.pow(3)).div_(D).unsqueeze(1)  # (N, 1): r^3 (t . g) / D
+        dx = torch.mul(dy2, weight).mul_(r.unsqueeze(1)).addcmul_(x2, coef, value=-1.0)  # (N, D)
+        return dx.view_as(x), d_weight, None

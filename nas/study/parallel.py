@@ -1,0 +1,135 @@
+"""Several workers on one machine (``--workers N``) and the signals that stop a search cleanly.
+
+``run_search`` opens the study and either runs the worker loop itself (one worker) or spawns
+N worker processes that share the study through the storage, relays their progress events,
+and reports a worker that died. SIGINT and SIGTERM raise ``KeyboardInterrupt`` in every
+process, so the running trial is marked interrupted and re-queued and the same command resumes.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import queue as queue_module
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from nas.errors import UsageError
+from nas.study.config import SearchConfig
+from nas.study.session import Search, open_search
+from nas.study.trial import POLL_S
+from nas.study.worker import SearchAborted, TrialEvent, run_worker, trials_done
+
+
+def interruptible() -> None:
+    """Make SIGINT and SIGTERM raise ``KeyboardInterrupt``: a clean stop, the running trial re-queued.
+
+    A shell starts background jobs (``nas search ... &``, ``nohup``) with SIGINT ignored, and
+    Python then leaves it ignored; ``kill -INT`` must still stop a search as Ctrl-C does in a
+    terminal. SIGTERM (``kill``, a batch scheduler's notice before SIGKILL) stops it the same way
+    instead of leaving the trial to be found stale after the heartbeat grace period.
+    """
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, _terminated)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled as Ctrl-C is; unlike Ctrl-C in a terminal, it reached this process alone."""
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise Terminated(f"signal {signum}")
+
+
+def _interrupt_workers(processes: list, queue: Any, grace_s: float = 3.0) -> None:
+    """Pass an interrupt on to workers still running after ``grace_s``.
+
+    Ctrl-C in a terminal reaches every worker at once (one process group), and the grace period
+    lets them stop on their own; ``kill -INT`` or ``kill`` reaches only this process, and without
+    this its workers would train on. After SIGTERM (``Terminated``) there is no grace period.
+    """
+    _wait_for_workers(processes, queue, timeout=grace_s)
+    for p in processes:
+        if p.is_alive():
+            os.kill(p.pid, signal.SIGINT)
+
+
+def _wait_for_workers(processes: list, queue: Any, timeout: float | None = None) -> None:
+    """Wait for the workers to end, reading (and dropping) what they still send.
+
+    A process that put items on a ``multiprocessing.Queue`` exits only once they are flushed into
+    the pipe, so joining without reading can deadlock (Python's "joining processes that use queues").
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while any(p.is_alive() for p in processes) and (deadline is None or time.monotonic() < deadline):
+        try:
+            queue.get(timeout=POLL_S / 5)  # drained and dropped: the parent has stopped reporting
+        except queue_module.Empty:
+            continue  # nothing to drain this poll; check the workers again
+    if deadline is None:
+        for p in processes:
+            p.join()
+
+
+def _worker_main(config: SearchConfig, worker: int, queue: Any) -> None:
+    interruptible()
+    try:
+        search = open_search(config, worker=worker, create=False)
+        run_worker(search, lambda event: queue.put(("event", worker, event)))
+        queue.put(("done", worker, None))
+    except KeyboardInterrupt:
+        queue.put(("interrupted", worker, None))
+    except (UsageError, SearchAborted) as error:
+        queue.put(("error", worker, str(error)))
+    except Exception as error:  # noqa: BLE001 - the parent must hear of it, or it waits for this worker forever
+        queue.put(("error", worker, f"{type(error).__name__}: {error}"))
+        raise
+
+
+def run_search(config: SearchConfig, on_event: Callable[[TrialEvent], None] | None = None,
+               on_start: Callable[[Search], None] | None = None) -> Search:
+    """Open (or resume) the study and run ``config.workers`` workers until it holds ``trials`` counted trials."""
+    search = open_search(config)
+    if on_start is not None:
+        on_start(search)
+    if config.workers == 1:
+        run_worker(search, on_event)
+        return search
+    config = search.config  # carries the resolved study name
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    processes = [context.Process(target=_worker_main, args=(config, w, queue), daemon=False)
+                 for w in range(config.workers)]
+    for p in processes:
+        p.start()
+    errors, died, finished = [], [], set()
+    try:
+        while len(finished) < len(processes):
+            try:
+                kind, worker, payload = queue.get(timeout=POLL_S)
+            except queue_module.Empty:  # everything sent has been read: a worker that is gone now was killed
+                for worker, p in enumerate(processes):
+                    if worker not in finished and not p.is_alive():
+                        finished.add(worker)
+                        died.append(f"worker {worker} died (exit code {p.exitcode}); its trial is re-queued "
+                                    "once its heartbeat is stale")
+                continue
+            if kind == "event" and on_event is not None:
+                on_event(payload)
+            elif kind in ("done", "interrupted", "error"):
+                finished.add(worker)
+                if kind == "error":
+                    errors.append(f"worker {worker}: {payload}")
+    except KeyboardInterrupt as interrupt:
+        _interrupt_workers(processes, queue, grace_s=0.0 if isinstance(interrupt, Terminated) else 3.0)
+        raise
+    finally:
+        _wait_for_workers(processes, queue)
+    if errors or (died and trials_done(search.study) < config.trials):
+        raise SearchAborted("; ".join(errors + died))
+    search.notes.extend(f"{message}; the other workers completed the study" for message in died)
+    return search

@@ -1,0 +1,68 @@
+"""Trials whose worker is gone: failed as stale or abandoned, interrupted by the user, and re-queued.
+
+A re-queued trial is a new WAITING trial with the same shape key, seed and role; the next
+``ask()`` of any worker takes it (Optuna's queue), so no shape is left behind.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from nas.study.storage import unbeaten_trial_ids
+
+ABANDONED_AFTER_S = 120.0  # a RUNNING trial this old that never beat was abandoned (worker died right after ask)
+
+
+def fail_stale(study: optuna.Study) -> None:
+    """Optuna's heartbeat check: fail (and re-queue) trials whose heartbeat is older than the grace period."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
+
+
+def fail_abandoned(study: optuna.Study, older_than_s: float | None = None) -> None:
+    """Fail (and re-queue, if it has a shape) every trial whose worker died before its first heartbeat.
+
+    Called only while a worker waits on other trials, which is when such a trial would block it.
+    """
+    older_than_s = ABANDONED_AFTER_S if older_than_s is None else older_than_s
+    for trial_id in unbeaten_trial_ids(study, older_than_s):
+        number = study._storage.get_trial_number_from_id(trial_id)
+        try:
+            study._storage.set_trial_user_attr(trial_id, "status", "abandoned")
+            study._storage.set_trial_user_attr(trial_id, "reason", "its worker died before the first heartbeat")
+            study._storage.set_trial_state_values(trial_id, state=TrialState.FAIL)
+        except optuna.exceptions.UpdateFinishedTrialError:  # another worker got there first, or it just ended
+            continue
+        if "key" in study._storage.get_trial(trial_id).user_attrs:
+            requeue(study, number)
+
+
+def requeue(study: optuna.Study, number: int) -> None:
+    """Put an interrupted trial's shape and seed back in the queue (same mechanism as for stale trials)."""
+    frozen = study.get_trials(deepcopy=False)[number]
+    attrs = {k: frozen.user_attrs[k] for k in ("key", "seed", "role") if k in frozen.user_attrs}
+    optuna.storages.RetryHeartbeatStaleTrialCallback()(study, replace_user_attrs(frozen, attrs))
+
+
+def mark_interrupted(study: optuna.Study, trial: optuna.Trial) -> None:
+    """Fail the trial as interrupted and re-queue its shape and seed (a trial told just before Ctrl-C stays as told)."""
+    try:
+        trial.set_user_attr("status", "interrupted")
+        trial.set_user_attr("reason", "interrupted by the user (Ctrl-C); re-queued")
+        study.tell(trial, state=TrialState.FAIL)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return
+    if "key" in trial.user_attrs:
+        requeue(study, trial.number)
+
+
+def replace_user_attrs(trial: FrozenTrial, user_attrs: dict[str, Any]) -> FrozenTrial:
+    copy = optuna.trial.create_trial(state=TrialState.FAIL, params=trial.params, distributions=trial.distributions,
+                                     user_attrs=user_attrs, system_attrs=trial.system_attrs)
+    copy.number = trial.number
+    return copy

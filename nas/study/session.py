@@ -1,0 +1,119 @@
+"""Opening a study: load the data, build the space, create or load the Optuna study with its sampler and pruner.
+
+``Search`` is one process's view of the study; every worker (local or on another machine)
+opens its own with ``open_search``. The first one creates the study and enqueues the
+baseline as trial 0, so every report can state the gain over it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field, replace
+
+import optuna
+
+from nas.arch import ArchConfig
+from nas.data import TokenData, load_data
+from nas.study.config import OBJECTIVES, SearchConfig
+from nas.study.identity import check_identity, default_study_name, identity, train_config
+from nas.study.storage import make_storage
+from runners.config import TrainConfig
+from runners.presets import get_preset
+from search_spaces.base import SearchSpace
+from search_spaces.factory import build_space
+
+MEDIAN_STARTUP_TRIALS = 5  # completed trainings with a value at a step before the median pruner prunes there
+
+
+@dataclass
+class Search:
+    """One process's view of the study: the loaded data, the space, the training setup."""
+
+    config: SearchConfig
+    study: optuna.Study
+    space: SearchSpace
+    train: TrainConfig
+    data: TokenData
+    exhaustive: bool
+    worker: int = 0
+    notes: list[str] = field(default_factory=list)  # what the command should say besides the trials (a dead worker)
+
+    @property
+    def baseline(self) -> ArchConfig:
+        return self.space.baseline()
+
+    @property
+    def multi_objective(self) -> bool:
+        return len(self.config.objectives) > 1
+
+
+def make_sampler(config: SearchConfig, seed: int) -> optuna.samplers.BaseSampler:
+    name = config.sampler or ("tpe" if len(config.objectives) == 1 else "nsga2")
+    if name == "tpe":
+        return optuna.samplers.TPESampler(multivariate=True, group=True, constant_liar=True, seed=seed,
+                                          n_startup_trials=10)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "grid":
+        return optuna.samplers.BruteForceSampler(seed=seed)
+    if name == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed)
+    return optuna.samplers.GPSampler(seed=seed)  # single objective only: SearchConfig.validate checks
+
+
+def make_pruner(config: SearchConfig, train: TrainConfig) -> optuna.pruners.BasePruner:
+    if config.pruner == "none" or len(config.objectives) > 1:  # Optuna prunes single-objective studies only
+        return optuna.pruners.NopPruner()
+    if config.pruner == "median":
+        # Duplicates are told COMPLETE (with the original's value, without intermediate values), so
+        # n_startup_trials alone would count them; n_min_trials counts only completed trials that
+        # reported at the step in question, i.e. real trainings.
+        return optuna.pruners.MedianPruner(n_startup_trials=MEDIAN_STARTUP_TRIALS, n_warmup_steps=0,
+                                           n_min_trials=MEDIAN_STARTUP_TRIALS)
+    return optuna.pruners.HyperbandPruner(min_resource=train.eval_every, max_resource=train.tokens,
+                                          reduction_factor=3)
+
+
+def quiet_optuna() -> None:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    # our ask/tell loop runs its own heartbeat thread (nas.study.heartbeat), which Optuna cannot see
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+
+
+def open_search(config: SearchConfig, worker: int = 0, create: bool = True) -> Search:
+    """Load data, build the space, create or load the study (checking it was made with the same options)."""
+    config.validate()
+    quiet_optuna()
+    preset = get_preset(config.preset)
+    train = train_config(config)
+    data = load_data(config.data, cache_dir=config.cache_dir)
+    space = build_space(config.space, defaults=preset.baseline.replace(vocab_size=data.vocab_size))
+    ident = identity(config, space, train, data)
+    name = config.study_name or default_study_name(config, ident)
+    config = replace(config, study_name=name)
+    storage = make_storage(config.storage, heartbeat_interval=config.heartbeat_interval)
+    directions = [OBJECTIVES[o] for o in config.objectives]
+    sampler = make_sampler(config, seed=train.seed + 1000 * worker)
+    pruner = make_pruner(config, train)
+    created = False
+    if create:
+        try:
+            study = optuna.create_study(storage=storage, study_name=name, directions=directions,
+                                        sampler=sampler, pruner=pruner)
+            created = True
+        except optuna.exceptions.DuplicatedStudyError:
+            pass
+    if not created:
+        study = optuna.load_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner)
+    search = Search(config, study, space, train, data, exhaustive=space.count() <= config.trials, worker=worker)
+    if created:
+        baseline = search.baseline
+        study.enqueue_trial(space.params_of(baseline), user_attrs={"key": baseline.key(), "seed": train.seed,
+                                                                   "role": "baseline"})
+        study.set_user_attr("nas:identity", ident)
+        study.set_user_attr("nas:baseline_key", baseline.key())
+        study.set_user_attr("nas:preset", config.preset)
+    else:
+        check_identity(study, ident, config)
+    return search

@@ -1,0 +1,149 @@
+"""One trial: draw (or read the queued) shape, answer it from an earlier trial or train it, and tell Optuna.
+
+No shape is trained twice with the same seed: a trial whose (shape, seed) was already
+trained is answered from the stored result and marked ``duplicate_of`` (it does not count);
+one that is being trained by a lower-numbered trial waits for it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from nas.arch import ArchConfig
+from nas.study.heartbeat import Heartbeat
+from nas.study.planning import Plan
+from nas.study.records import counts, in_flight, is_duplicate, key_seed, loss_of, set_attrs, shape_attrs
+from nas.study.recovery import fail_abandoned, fail_stale
+from nas.study.session import Search
+from runners.proxy import run as run_proxy
+from runners.result import TrialResult
+
+POLL_S = 0.5  # how often a waiting worker looks at the storage again
+
+
+def result_attrs(result: TrialResult) -> dict[str, Any]:
+    """A ``TrialResult`` as user attrs: the parameter breakdown as ``params_breakdown``, NaN/inf as null (JSON)."""
+    data = result.to_dict()
+    data["params_breakdown"] = data.pop("params")
+    for name in ("val_loss", "val_ppl"):
+        if not math.isfinite(data[name]):
+            data[name] = None  # JSON has no NaN/inf
+    data["eval_curve"] = [[t, v if math.isfinite(v) else None] for t, v in data["eval_curve"]]
+    data["train_curve"] = [[t, v if math.isfinite(v) else None] for t, v in data["train_curve"]]
+    return data
+
+
+def find_original(search: Search, key: str, seed: int, number: int, heartbeat: Heartbeat,
+                  known: list[FrozenTrial] | None = None) -> FrozenTrial | None:
+    """An earlier trial of the same (shape, seed) that counts; waits while a lower-numbered one may still train it.
+
+    The lowest-numbered trial of a (shape, seed) trains it and the others wait for its result. A lower-numbered
+    trial that has no shape yet (just handed out by ``ask`` to another worker) may be about to take this one,
+    so it is waited for too: every trial records its shape before it gets here, so the wait is short.
+
+    ``known``, the study as read just before this trial's ``ask``, answers without a new read when it is
+    final below ``number``: it holds every lower-numbered trial (``number == len(known)``) and none of them
+    was running, so none can still change or take this shape (the usual case with one worker).
+    """
+    final_below = known is not None and number == len(known) and not any(in_flight(t) for t in known)
+    while True:
+        trials = known if final_below else search.study.get_trials(deepcopy=False)
+        same = [t for t in trials if t.number != number and key_seed(t) == (key, seed) and not is_duplicate(t)]
+        done = [t for t in same if counts(t)]
+        if done:
+            return min(done, key=lambda t: t.number)
+        if not any(in_flight(t) and t.number < number and key_seed(t) in (None, (key, seed)) for t in trials):
+            return None
+        fail_stale(search.study)
+        fail_abandoned(search.study)
+        time.sleep(POLL_S)
+
+
+def objective_values(search: Search, arch: ArchConfig, loss: float, tokens_per_s: float) -> list[float]:
+    pick = {"loss": loss, "params": float(arch.n_params()["total"]), "tokens_per_s": tokens_per_s}
+    return [pick[o] for o in search.config.objectives]
+
+
+def answer_duplicate(search: Search, trial: optuna.Trial, original: FrozenTrial) -> str:
+    copied = {name: original.user_attrs[name] for name in ("val_loss", "status", "reason", "tokens_per_s")
+              if name in original.user_attrs}
+    set_attrs(trial, {"duplicate_of": original.number, **copied})
+    if original.state == TrialState.COMPLETE:
+        search.study.tell(trial, original.values)
+    elif original.state == TrialState.PRUNED:
+        if original.intermediate_values and not search.multi_objective:
+            step = max(original.intermediate_values)
+            trial.report(original.intermediate_values[step], step)
+        search.study.tell(trial, state=TrialState.PRUNED)
+    else:
+        search.study.tell(trial, state=TrialState.FAIL)
+    return "duplicate"
+
+
+def train(search: Search, trial: optuna.Trial, arch: ArchConfig, seed: int, role: str) -> tuple[str, float | None]:
+    may_prune = not search.multi_objective and role not in ("baseline", "replicate")
+    final_tokens = search.train.steps * search.train.tokens_per_step  # the last report: the run has ended
+
+    def report(tokens: int, loss: float) -> bool:
+        if search.multi_objective:
+            return False
+        trial.report(loss, step=tokens)
+        return may_prune and tokens < final_tokens and trial.should_prune()
+
+    result = run_proxy(arch, search.train.with_(seed=seed), search.data, report)
+    set_attrs(trial, result_attrs(result))
+    if result.status == "ok":
+        values = objective_values(search, arch, result.val_loss, result.tokens_per_s)
+        search.study.tell(trial, values)
+        return "complete", result.val_loss
+    if result.status == "pruned":
+        search.study.tell(trial, state=TrialState.PRUNED)
+        return "pruned", result.val_loss
+    search.study.tell(trial, state=TrialState.FAIL)
+    return result.status, None
+
+
+@contextmanager
+def drawing_with(study: optuna.Study, sampler: optuna.samplers.BaseSampler | None) -> Iterator[None]:
+    """Let ``sampler`` draw the trial's params: Optuna samples lazily, at each ``suggest_*`` call, not at ``ask``."""
+    if sampler is None:
+        yield
+        return
+    own, study.sampler = study.sampler, sampler
+    try:
+        yield
+    finally:
+        study.sampler = own
+
+
+def run_trial(search: Search, trial: optuna.Trial, heartbeat: Heartbeat, plan: Plan | None = None,
+              sampler: optuna.samplers.BaseSampler | None = None,
+              known: list[FrozenTrial] | None = None) -> tuple[str, ArchConfig, int, str, float | None]:
+    """Suggest (or read the enqueued) shape, de-duplicate, train, tell. Returns (state, arch, seed, role, loss).
+
+    ``plan`` applies unless ``ask`` handed out a queued trial (which carries its own shape and seed);
+    ``sampler`` (the plan's, or a random one that breaks a run of duplicates) draws the shape; ``known`` is
+    the study as read before ``ask`` (see ``find_original``).
+    """
+    given = dict(trial.user_attrs)  # a queued trial's own key, seed and role; else the plan's, if any
+    if plan is not None and "key" not in given:
+        given.update(plan.user_attrs)
+    with drawing_with(search.study, sampler):
+        arch = search.space.suggest(trial)
+    seed = int(given.get("seed", search.train.seed))
+    role = given.get("role", "sampled")
+    # one transaction (key, seed, role, shape): from now on other workers see what this trial trains; until
+    # then a worker that draws the same shape waits for this lower-numbered, shapeless trial (find_original)
+    set_attrs(trial, shape_attrs(arch, seed, role))
+    original = find_original(search, arch.key(), seed, trial.number, heartbeat, known)
+    if original is not None:
+        return answer_duplicate(search, trial, original), arch, seed, role, loss_of(original)
+    state, loss = train(search, trial, arch, seed, role)
+    return state, arch, seed, role, loss

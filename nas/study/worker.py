@@ -1,0 +1,168 @@
+"""The worker loop: fail stale trials, stop at the target, otherwise choose the next piece of work and run it.
+
+A worker repeats until the study holds ``trials`` counted trials:
+
+1. waiting trials first (the baseline, enqueued as trial 0; re-queued killed/interrupted trials):
+   they are the only trials in Optuna's queue, so a re-queued shape is never left behind;
+2. a space with no more members than ``trials`` is walked exhaustively, then replicated
+   (``nas.study.planning``; the planned shape is drawn through a ``PartialFixedSampler``);
+3. otherwise the sampler (TPE by default) proposes a shape.
+
+Workers on any number of machines share one study through the storage (Optuna's own model).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from nas.arch import ArchConfig
+from nas.errors import UsageError
+from nas.study.heartbeat import Heartbeat
+from nas.study.planning import plan_next
+from nas.study.records import counts, in_flight, loss_of
+from nas.study.recovery import fail_abandoned, fail_stale, mark_interrupted, requeue
+from nas.study.session import Search
+from nas.study.trial import POLL_S, run_trial
+
+MAX_DUPLICATE_STREAK = 10  # after this many duplicates in a row, one random proposal breaks the loop
+MAX_ERROR_STREAK = 3  # trials in a row crashing with an error (not a result) stop the worker
+
+
+class SearchAborted(RuntimeError):
+    """The worker cannot go on (e.g. every trial crashes); the message says why."""
+
+
+@dataclass
+class TrialEvent:
+    """What the progress display hears after each trial."""
+
+    number: int
+    role: str
+    arch: ArchConfig
+    seed: int
+    state: str  # complete | pruned | duplicate | diverged | oom | error | interrupted | surplus
+    value: float | None
+    wall_time_s: float
+    counted: int
+    target: int
+    best: tuple[int, float] | None  # the best shape: (its first trial's number, mean loss over its seeds)
+    baseline: float | None  # the baseline's mean loss over its seeds
+    reason: str | None = None
+
+
+def summary(search: Search, trials: list[FrozenTrial]) -> tuple[int, tuple[int, float] | None, float | None]:
+    """(counted trials, best shape as (its first trial, mean loss over its seeds), the baseline's mean loss).
+
+    Shapes are compared by their mean over seeds, as in the leaderboard: one lucky seed is not a gain
+    (and the baseline's own first seed must not show a gain over the baseline).
+    """
+    counted = [t for t in trials if counts(t)]
+    losses: dict[str, list[float]] = defaultdict(list)
+    first: dict[str, int] = {}
+    for t in counted:
+        if t.state == TrialState.COMPLETE:
+            losses[t.user_attrs["key"]].append(loss_of(t))
+            first.setdefault(t.user_attrs["key"], t.number)
+    means = {key: sum(values) / len(values) for key, values in losses.items()}
+    best = min(means, key=lambda key: (means[key], first[key]), default=None)
+    return len(counted), ((first[best], means[best]) if best else None), means.get(search.baseline.key())
+
+
+def run_worker(search: Search, on_event: Callable[[TrialEvent], None] | None = None) -> int:
+    """Train trials until the study holds ``trials`` counted ones; returns how many this worker trained."""
+    study, target = search.study, search.config.trials
+    trained = duplicate_streak = error_streak = 0
+    finished: tuple | None = None  # the last trial's outcome, told to ``on_event`` with the next read of the study
+    while True:
+        fail_stale(study)
+        trials = study.get_trials(deepcopy=False)
+        if finished is not None and on_event is not None:
+            on_event(_event(search, trials, *finished))
+        finished = None
+        counted = sum(counts(t) for t in trials)
+        if counted >= target:
+            return trained
+        if counted + sum(in_flight(t) for t in trials) >= target:
+            fail_abandoned(study)
+            time.sleep(POLL_S)  # the rest is running elsewhere; stay in case one of them fails
+            continue
+        plan = plan_next(search, trials)
+        sampler = None
+        if plan is not None:  # every parameter is fixed: a random base sampler is never asked, and unlike TPE
+            # it does not read the study to infer a search space it would not use (one storage read less)
+            sampler = optuna.samplers.PartialFixedSampler(plan.params, optuna.samplers.RandomSampler(seed=len(trials)))
+        elif duplicate_streak >= MAX_DUPLICATE_STREAK:
+            sampler = optuna.samplers.RandomSampler(seed=search.train.seed + len(trials))
+        trial = study.ask()  # a queued trial if there is one, else a fresh one that ``plan`` or the sampler fills
+        started = time.perf_counter()
+        state, loss, reason = "error", None, None
+        arch, seed, role = search.baseline, search.train.seed, "sampled"
+        with Heartbeat(study, trial._trial_id) as heartbeat:
+            try:
+                if _may_be_surplus(trials, trial.number, target) and _is_surplus(study, trial.number, target):
+                    # stand down, but stay: the others may still fail
+                    trial.set_user_attr("surplus", True)
+                    study.tell(trial, state=TrialState.FAIL)
+                    if "key" in trial.user_attrs:  # a queued trial (e.g. a re-queued one) goes back to the queue
+                        requeue(study, trial.number)
+                    continue
+                state, arch, seed, role, loss = run_trial(search, trial, heartbeat, plan, sampler, trials)
+            except KeyboardInterrupt:
+                mark_interrupted(study, trial)
+                raise
+            except UsageError:
+                study.tell(trial, state=TrialState.FAIL)
+                raise
+            except Exception as error:  # noqa: BLE001 - recorded, and the study goes on
+                reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:500]
+                try:
+                    trial.set_user_attr("status", "error")
+                    trial.set_user_attr("reason", reason)
+                    study.tell(trial, state=TrialState.FAIL)
+                except optuna.exceptions.UpdateFinishedTrialError:  # this process starved, its heartbeat went
+                    state, reason = "stale", None  # stale: another worker failed and re-queued the trial
+        trained += state not in ("duplicate", "error", "stale")
+        duplicate_streak = duplicate_streak + 1 if state == "duplicate" else 0
+        error_streak = error_streak + 1 if state == "error" else 0
+        finished = (trial.number, role, arch, seed, state, loss, time.perf_counter() - started, reason)
+        if error_streak >= MAX_ERROR_STREAK:
+            if on_event is not None:
+                on_event(_event(search, study.get_trials(deepcopy=False), *finished))
+            raise SearchAborted(f"{MAX_ERROR_STREAK} trials in a row failed with an error; last: {reason}")
+
+
+def _event(search: Search, trials: list[FrozenTrial], number: int, role: str, arch: ArchConfig, seed: int,
+           state: str, loss: float | None, wall_time_s: float, reason: str | None) -> TrialEvent:
+    """The progress event of trial ``number``, from a read of the study made after it was told."""
+    n, best, base = summary(search, trials)
+    reason = reason or (trials[number].user_attrs.get("reason") if state != "complete" else None)
+    return TrialEvent(number, role, arch, seed, state, loss, wall_time_s, n, search.config.trials, best, base, reason)
+
+
+def _may_be_surplus(before_ask: list[FrozenTrial], number: int, target: int) -> bool:
+    """Cheap bound from the list read before ``ask``: can ``_is_surplus`` be true at all?
+
+    Trials numbered below ``number`` are those in ``before_ask`` plus at most ``number - len(before_ask)``
+    created since by other workers; if even counting all of those as ahead leaves room, the
+    storage need not be read again.
+    """
+    ahead = sum(1 for t in before_ask if t.number < number and (counts(t) or in_flight(t)))
+    return ahead + max(0, number - len(before_ask)) >= target
+
+
+def _is_surplus(study: optuna.Study, number: int, target: int) -> bool:
+    """Two workers raced for the last slot: the higher-numbered trial stands down."""
+    trials = study.get_trials(deepcopy=False)
+    ahead = sum(1 for t in trials if t.number < number and (counts(t) or in_flight(t)))
+    return ahead >= target
+
+
+def trials_done(study: optuna.Study) -> int:
+    """Counted trials in the study (see ``nas.study.records.counts``)."""
+    return sum(counts(t) for t in study.get_trials(deepcopy=False))
