@@ -181,3 +181,31 @@ def test_sigterm_to_the_parent_stops_every_worker_cleanly(tmp_path):
         assert stopped.state == TrialState.FAIL and stopped.user_attrs["status"] == "interrupted"
         (requeued,) = [t for t in trials if t.system_attrs.get("failed_trial") == victim.number]
         assert requeued.state == TrialState.WAITING and key_seed(requeued) == key_seed(stopped)
+
+
+def test_machines_sharing_a_study_draw_different_shapes_and_one_seed_draws_the_same_again(tmp_path, one_thread):
+    """Two `nas search` processes (worker 0 each, same --seed) on one study must not propose in lockstep: with the
+    sampler seeded per process rather than per trial, the second would draw the first one's shape and wait for it."""
+    from nas.study.config import SearchConfig
+    from nas.study.heartbeat import Heartbeat
+    from nas.study.optuna_internals import trial_id
+    from nas.study.session import open_search
+    from nas.study.trial import run_trial
+
+    def config(name: str) -> SearchConfig:  # 129 schedules, 20 trials: the sampler proposes (TPE, random start-up)
+        return SearchConfig(space=SpaceOptions(space="prism"), preset="cpu", storage=sqlite_url(tmp_path / name),
+                            study_name="shared", trials=20, train_overrides=(("tokens", 1024),))
+
+    def propose(search, trial):
+        with Heartbeat(search.storage, trial_id(trial), trial.number) as heartbeat:
+            state, arch, *_ = run_trial(search, trial, heartbeat)
+        return state, arch
+
+    machine_a, machine_b = open_search(config("shared.db")), open_search(config("shared.db"))
+    machine_a.study.ask()  # trial 0: the queued baseline, left running
+    first = propose(machine_b, machine_b.study.ask())
+    second = propose(machine_a, machine_a.study.ask())
+    assert first[0] == second[0] == "complete" and first[1] != second[1]
+    again = open_search(config("again.db"))  # the same command on a fresh study proposes the same shapes
+    again.study.ask()
+    assert propose(again, again.study.ask())[1] == first[1] and propose(again, again.study.ask())[1] == second[1]

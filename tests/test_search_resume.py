@@ -8,11 +8,13 @@ import time
 
 import optuna
 import pytest
+import sqlalchemy
 from optuna.trial import FrozenTrial, TrialState
 
-from nas.study.records import counts, key_seed
+import nas.study.heartbeat
 import nas.study.recovery
 import nas.study.trial
+from nas.study.records import counts, key_seed
 from nas.study.config import SearchConfig
 from nas.study.parallel import run_search
 from nas.study.session import open_search
@@ -188,3 +190,54 @@ def test_a_trial_abandoned_before_its_first_heartbeat_does_not_hang_the_search(t
     assert key_seed(retry) == key_seed(abandoned) and counts(retry) and retry.user_attrs["role"] == "baseline"
     assert_no_repeated_work(trials, TRIALS)
     assert_walked_every_member_once(trials)
+
+
+def test_a_trial_whose_heartbeat_was_lost_stops_training_and_is_finished_once_by_its_retry(tmp_path, one_thread,
+                                                                                           monkeypatch):
+    # the database stops answering this worker's heartbeats while it trains; past the grace period another worker
+    # fails the trial as stale and re-queues it; when the connection is back the worker must stop training the lost
+    # trial and drop its result (the retry trains the shape): the trial is finished once, not twice
+    storage = sqlite_url(tmp_path / "lost.db")
+    train = nas.study.trial.run_proxy
+    lost: list[int] = []
+    warnings: list[str] = []
+    monkeypatch.setattr(nas.study.heartbeat, "warn_on_stderr", warnings.append)
+    real_beat = optuna.storages.RDBStorage.record_heartbeat
+
+    def record_heartbeat(self, trial_id):
+        if lost and not self_taken.is_set():
+            raise sqlalchemy.exc.OperationalError("UPDATE trial_heartbeats", {}, Exception("server closed the connection"))
+        return real_beat(self, trial_id)
+
+    self_taken = threading.Event()
+    monkeypatch.setattr(optuna.storages.RDBStorage, "record_heartbeat", record_heartbeat)
+
+    def train_while_the_database_drops_the_heartbeat(arch, cfg, data, report):
+        if lost or arch.heads == (4, 4, 4, 4):  # the baseline trains as usual; the first member loses its trial
+            return train(arch, cfg, data, report)
+        study = optuna.load_study(study_name="lost", storage=storage)
+        (running,) = [t for t in study.get_trials() if t.state == TrialState.RUNNING]
+        lost.append(running.number)
+        wait_for(lambda: len(warnings) >= 1, timeout=30, what="the heartbeat warning")
+        study._storage.set_trial_state_values(running._trial_id, TrialState.FAIL)  # as fail_stale_trials would
+        optuna.storages.RetryHeartbeatStaleTrialCallback()(study, study._storage.get_trial(running._trial_id))
+        self_taken.set()  # the connection is back: the next beat gets through and reads the trial's state
+        wait_for(lambda: any("is back after" in w for w in warnings), timeout=30, what="a beat getting through")
+        return train(arch, cfg, data, report)  # its first report finds the trial lost
+
+    monkeypatch.setattr(nas.study.trial, "run_proxy", train_while_the_database_drops_the_heartbeat)
+    events = []
+    run_search(SearchConfig(space=SpaceOptions(space="prism"), preset="tiny", storage=storage, study_name="lost",
+                            trials=TRIALS, heartbeat_interval=1, train_overrides=(("tokens", 8_192),)),
+               on_event=events.append)
+    trials = load_trials(storage, "lost")
+    assert_no_repeated_work(trials, TRIALS)
+    assert_walked_every_member_once(trials)
+    (event,) = [e for e in events if e.number == lost[0]]
+    assert event.state == "stale" and "re-queued by another worker" in event.reason, (event.state, event.reason)
+    first = trials[lost[0]]
+    assert first.state == TrialState.FAIL and "val_loss" not in first.user_attrs  # its result was dropped
+    assert len(first.intermediate_values) <= 1  # it stopped at its first evaluation after the loss
+    (retry,) = retries_of(trials, lost[0])
+    assert counts(retry) and key_seed(retry) == key_seed(first)
+    assert "failed 3 times in a row: (builtins.Exception) server closed the connection" in warnings[0]

@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nas.errors import UsageError
-from nas.study.storage import DEFAULT_STORAGE
 from runners.presets import DEFAULT_PRESET, get_preset
 from search_spaces.factory import SpaceOptions, build_space
 
+DEFAULT_STORAGE = "sqlite:///nas.db"  # SQLite in the working directory: embedded, readable by optuna-dashboard
 SAMPLERS = ("tpe", "random", "grid", "gp", "nsga2")
 PRUNERS = ("median", "hyperband", "none")
 OBJECTIVES = {"loss": "minimize", "params": "minimize", "tokens_per_s": "maximize"}

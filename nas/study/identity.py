@@ -22,7 +22,7 @@ from runners.config import TrainConfig
 from runners.device import available_cores
 from runners.presets import get_preset
 from search_spaces.base import SearchSpace
-from search_spaces.factory import SpaceOptions
+from search_spaces.factory import SpaceOptions, build_space
 
 POLL_S = 0.5  # how often a worker looks again for the identity another worker is writing
 
@@ -47,22 +47,40 @@ def identity(config: SearchConfig, space: SearchSpace, train: TrainConfig, data:
     return json.loads(json.dumps(ident, sort_keys=True, default=str))
 
 
-def default_study_name(config: SearchConfig, ident: dict[str, Any]) -> str:
-    """``<space>-<preset>``, plus a short hash when shape, training or data differ from the preset's defaults.
+def default_identity(config: SearchConfig, data: TokenData) -> dict[str, Any] | None:
+    """The identity ``nas search --space S --preset P`` would have with no other option; None for other data.
 
-    Run-only options (``--threads``, ``--device``, ``--compile``) and overrides equal to the preset's
-    value keep the plain name, so the same study resumes whatever machine or thread count runs it.
+    Built from the resolved defaults (the preset's baseline and training setup, the space's own
+    defaults), so that an option typed with its default value (``--layers 12``) changes nothing.
     """
-    default = SearchConfig(space=SpaceOptions(space=config.space.space), preset=config.preset,
-                           objectives=config.objectives)
+    if config.data != "builtin":
+        return None
+    preset = get_preset(config.preset)
+    default = SearchConfig(space=SpaceOptions(space=config.space.space), preset=config.preset, data=config.data,
+                           storage=config.storage, workers=config.workers)
+    space = build_space(default.space, defaults=preset.baseline.replace(vocab_size=data.vocab_size))
+    return identity(default, space, train_config(default), data)
+
+
+def default_study_name(config: SearchConfig, ident: dict[str, Any], default: dict[str, Any] | None) -> str:
+    """``<space>-<preset>``, plus a short hash of the identity when it differs from the preset's default one.
+
+    Study identity comes from the resolved values (``default_identity``), not from which options
+    were typed: ``--layers 12 --heads 12`` on the ``cpu`` preset names the study ``prism-cpu``.
+    Run-only options (``--threads``, ``--device``, ``--compile``) are not part of the identity,
+    so the same study resumes whatever machine or thread count runs it.
+    """
     name = f"{config.space.space}-{config.preset}"
-    preset_train = get_preset(config.preset).train.to_dict()
-    changed_training = any(k not in RUN_ONLY_FIELDS and preset_train[k] != v for k, v in config.train_overrides)
-    if config.space != default.space or changed_training or config.data != "builtin" \
-            or config.objectives != ("loss",):
-        digest = hashlib.sha1(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:6]
-        name += f"-{digest}"
+    if ident != default:
+        name += "-" + hashlib.sha1(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:6]
     return name
+
+
+def study_name(config: SearchConfig, space: SearchSpace, train: TrainConfig, data: TokenData) -> str:
+    """``--study-name`` if given, else ``default_study_name`` of this command's identity."""
+    if config.study_name:
+        return config.study_name
+    return default_study_name(config, identity(config, space, train, data), default_identity(config, data))
 
 
 def check_identity(study: optuna.Study, ident: dict[str, Any], config: SearchConfig) -> None:

@@ -8,14 +8,12 @@ sampler propose instead.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
-from nas.arch import ArchConfig
-from nas.study.records import arch_of, counts, in_flight, key_seed, loss_of
+from nas.study.records import arch_of, counts, in_flight, key_seed, scores_by_shape
 from nas.study.session import Search
 
 
@@ -49,16 +47,14 @@ def plan_next(search: Search, trials: list[FrozenTrial]) -> Plan | None:
 
 def plan_replicate(search: Search, trials: list[FrozenTrial], seen: set[tuple[str, int]]) -> Plan:
     """A new seed for the least-replicated of: the baseline and the ``replicate_top`` best shapes (mean loss)."""
-    losses: dict[str, list[float]] = defaultdict(list)
-    archs: dict[str, ArchConfig] = {}
-    for t in trials:
-        if counts(t) and t.state == TrialState.COMPLETE:
-            losses[t.user_attrs["key"]].append(loss_of(t))
-            archs.setdefault(t.user_attrs["key"], arch_of(t))
-    ranked = sorted(losses, key=lambda k: sum(losses[k]) / len(losses[k]))
+    scores = scores_by_shape(trials)
+    ranked = sorted(scores.values(), key=lambda s: (s.mean, s.first_trial))
     baseline = search.baseline
-    candidates = [baseline.key()] + [k for k in ranked if k != baseline.key()][: search.config.replicate_top]
-    archs.setdefault(baseline.key(), baseline)
+    candidates = [baseline.key()] + [s.key for s in ranked if s.key != baseline.key()][: search.config.replicate_top]
+    archs = {baseline.key(): baseline}
+    for t in trials:
+        if t.user_attrs.get("key") in candidates and t.user_attrs["key"] not in archs:
+            archs[t.user_attrs["key"]] = arch_of(t)
     seeds = {k: {s for key, s in seen if key == k} for k in candidates}
     key = min(candidates, key=lambda k: (len(seeds[k]), candidates.index(k)))
     seed = next(s for s in range(search.train.seed, search.train.seed + 10**6) if s not in seeds[key])

@@ -1,4 +1,4 @@
-"""How a trial is written to and read from Optuna storage: its user attrs and the counting rules.
+"""How a trial reads back from Optuna storage: its user attrs, the counting rules, and each shape's scores.
 
 Everything a person needs later lives in the trial's ``user_attrs`` (readable in
 optuna-dashboard): the shape (``arch``, ``heads``, ``k``, ``d_h``, ratios), the seed, the
@@ -14,25 +14,21 @@ two are re-queued.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from statistics import fmean
 from typing import Any
 
-import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from nas.arch import ArchConfig
-from nas.study.storage import write_user_attrs
 
 RESULT_FAILURES = ("diverged", "oom")  # failed *results*: the shape was trained and is bad
 
 
 def shape_attrs(arch: ArchConfig, seed: int, role: str) -> dict[str, Any]:
-    """Attrs set before training: what is trained, with which seed, and why."""
+    """Attrs set before training: what is trained, with which seed, and why (the report's axes included)."""
     return {"key": arch.key(), "seed": seed, "role": role, "arch": arch.to_dict(), **arch.summary()}
-
-
-def set_attrs(trial: optuna.Trial, attrs: dict[str, Any]) -> None:
-    """All of ``attrs`` in one storage transaction (see ``nas.study.storage.write_user_attrs``)."""
-    write_user_attrs(trial, attrs)
 
 
 def is_duplicate(trial: FrozenTrial) -> bool:
@@ -74,3 +70,41 @@ def loss_of(trial: FrozenTrial) -> float:
     if trial.state == TrialState.COMPLETE and trial.values:
         value = trial.values[0]
     return float(value) if value is not None and trial.state != TrialState.FAIL else math.inf
+
+
+@dataclass(frozen=True)
+class ShapeScores:
+    """One shape's completed trainings (counted, not pruned, not duplicates): seeds and losses in trial order."""
+
+    key: str
+    trials: tuple[int, ...]  # trial numbers, ascending; the first is the shape's first trained trial
+    seeds: tuple[int, ...]
+    losses: tuple[float, ...]
+
+    @property
+    def first_trial(self) -> int:
+        return self.trials[0]
+
+    @property
+    def n(self) -> int:
+        return len(self.losses)
+
+    @property
+    def mean(self) -> float:
+        """The shape's score: its mean validation loss over seeds (one lucky seed is not a gain)."""
+        return fmean(self.losses)
+
+
+def scores_by_shape(trials: Iterable[FrozenTrial]) -> dict[str, ShapeScores]:
+    """Every shape's ``ShapeScores``, in the order of each shape's first completed trial.
+
+    The one place a shape's mean over seeds is computed: the progress line, the replicate planner
+    and the leaderboard all rank shapes by it.
+    """
+    grouped: dict[str, list[FrozenTrial]] = {}
+    for t in sorted(trials, key=lambda t: t.number):
+        if t.state == TrialState.COMPLETE and counts(t) and "key" in t.user_attrs:
+            grouped.setdefault(t.user_attrs["key"], []).append(t)
+    return {key: ShapeScores(key, tuple(t.number for t in group), tuple(int(t.user_attrs.get("seed", 0)) for t in group),
+                             tuple(loss_of(t) for t in group))
+            for key, group in grouped.items()}

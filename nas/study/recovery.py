@@ -12,7 +12,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from nas.study.storage import unbeaten_trial_ids
+from nas.study.optuna_internals import unbeaten_trial_ids
 
 ABANDONED_AFTER_S = 120.0  # a RUNNING trial this old that never beat was abandoned (worker died right after ask)
 
@@ -24,21 +24,22 @@ def fail_stale(study: optuna.Study) -> None:
         optuna.storages.fail_stale_trials(study)
 
 
-def fail_abandoned(study: optuna.Study, older_than_s: float | None = None) -> None:
+def fail_abandoned(study: optuna.Study, storage: optuna.storages.BaseStorage, study_id: int,
+                   older_than_s: float | None = None) -> None:
     """Fail (and re-queue, if it has a shape) every trial whose worker died before its first heartbeat.
 
     Called only while a worker waits on other trials, which is when such a trial would block it.
     """
     older_than_s = ABANDONED_AFTER_S if older_than_s is None else older_than_s
-    for trial_id in unbeaten_trial_ids(study, older_than_s):
-        number = study._storage.get_trial_number_from_id(trial_id)
+    for trial_id in unbeaten_trial_ids(storage, study_id, older_than_s):
+        number = storage.get_trial_number_from_id(trial_id)
         try:
-            study._storage.set_trial_user_attr(trial_id, "status", "abandoned")
-            study._storage.set_trial_user_attr(trial_id, "reason", "its worker died before the first heartbeat")
-            study._storage.set_trial_state_values(trial_id, state=TrialState.FAIL)
+            storage.set_trial_user_attr(trial_id, "status", "abandoned")
+            storage.set_trial_user_attr(trial_id, "reason", "its worker died before the first heartbeat")
+            storage.set_trial_state_values(trial_id, state=TrialState.FAIL)
         except optuna.exceptions.UpdateFinishedTrialError:  # another worker got there first, or it just ended
             continue
-        if "key" in study._storage.get_trial(trial_id).user_attrs:
+        if "key" in storage.get_trial(trial_id).user_attrs:
             requeue(study, number)
 
 
@@ -57,7 +58,7 @@ def mark_interrupted(study: optuna.Study, trial: optuna.Trial) -> None:
         study.tell(trial, state=TrialState.FAIL)
     except optuna.exceptions.UpdateFinishedTrialError:
         return
-    if "key" in trial.user_attrs:
+    if "key" in study.get_trials(deepcopy=False)[trial.number].user_attrs:  # its shape was recorded: retry it
         requeue(study, trial.number)
 
 

@@ -15,7 +15,7 @@ import optuna
 from nas.arch import ArchConfig
 from nas.data import TokenData, load_data
 from nas.study.config import OBJECTIVES, SearchConfig
-from nas.study.identity import check_identity, default_study_name, identity, train_config
+from nas.study.identity import check_identity, identity, study_name, train_config
 from nas.study.storage import make_storage
 from runners.config import TrainConfig
 from runners.presets import get_preset
@@ -35,6 +35,8 @@ class Search:
     train: TrainConfig
     data: TokenData
     exhaustive: bool
+    storage: optuna.storages.BaseStorage  # the storage object this process opened (heartbeats and writes go here)
+    study_id: int
     worker: int = 0
     notes: list[str] = field(default_factory=list)  # what the command should say besides the trials (a dead worker)
 
@@ -47,7 +49,7 @@ class Search:
         return len(self.config.objectives) > 1
 
 
-def make_sampler(config: SearchConfig, seed: int) -> optuna.samplers.BaseSampler:
+def make_sampler(config: SearchConfig, seed: int | None) -> optuna.samplers.BaseSampler:
     name = config.sampler or ("tpe" if len(config.objectives) == 1 else "nsga2")
     if name == "tpe":
         return optuna.samplers.TPESampler(multivariate=True, group=True, constant_liar=True, seed=seed,
@@ -90,11 +92,11 @@ def open_search(config: SearchConfig, worker: int = 0, create: bool = True) -> S
     data = load_data(config.data, cache_dir=config.cache_dir)
     space = build_space(config.space, defaults=preset.baseline.replace(vocab_size=data.vocab_size))
     ident = identity(config, space, train, data)
-    name = config.study_name or default_study_name(config, ident)
+    name = study_name(config, space, train, data)
     config = replace(config, study_name=name)
     storage = make_storage(config.storage, heartbeat_interval=config.heartbeat_interval)
     directions = [OBJECTIVES[o] for o in config.objectives]
-    sampler = make_sampler(config, seed=train.seed + 1000 * worker)
+    sampler = make_sampler(config, seed=None)  # the study's own: proposals draw through a per-trial one (proposal_sampler)
     pruner = make_pruner(config, train)
     created = False
     if create:
@@ -106,7 +108,8 @@ def open_search(config: SearchConfig, worker: int = 0, create: bool = True) -> S
             pass
     if not created:
         study = optuna.load_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner)
-    search = Search(config, study, space, train, data, exhaustive=space.count() <= config.trials, worker=worker)
+    search = Search(config, study, space, train, data, exhaustive=space.count() <= config.trials, storage=storage,
+                    study_id=storage.get_study_id_from_name(name), worker=worker)
     if created:
         baseline = search.baseline
         study.enqueue_trial(space.params_of(baseline), user_attrs={"key": baseline.key(), "seed": train.seed,

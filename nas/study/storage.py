@@ -18,7 +18,6 @@ by the next worker and re-queued with the same shape and seed (Optuna's
 from __future__ import annotations
 
 import importlib.util
-import json
 import sqlite3
 import time
 import warnings
@@ -31,8 +30,9 @@ import sqlalchemy
 from sqlalchemy.engine import make_url
 
 from nas.errors import UsageError
+from nas.study import optuna_internals
+from nas.study.config import DEFAULT_STORAGE
 
-DEFAULT_STORAGE = "sqlite:///nas.db"
 SQLITE_BUSY_TIMEOUT_S = 600
 MAX_RETRIES = 3  # a shape whose worker dies this many times is left failed
 CREATE_ATTEMPTS = 5  # opening a fresh database: tries while other workers race to create its tables
@@ -140,74 +140,32 @@ def _rdb_storage(url: str, engine_kwargs: dict, heartbeat_interval: int,
     )
 
 
-def write_user_attrs(trial: optuna.Trial, attrs: dict[str, Any]) -> None:
+def write_user_attrs(storage: optuna.storages.BaseStorage, trial: optuna.Trial, attrs: dict[str, Any]) -> None:
     """Set all of ``attrs`` on a running trial in one transaction: readers see all of them or none.
 
-    Optuna's ``Trial.set_user_attr`` commits one attribute per transaction (~38 commits for a
-    trained trial: ~0.2 s on SQLite, 2 % of a default CPU trial; benchmarks figure 5). On an
-    ``RDBStorage`` backed by SQLite or PostgreSQL this writes one multi-row upsert into Optuna's
-    own ``trial_user_attributes`` table (the statement Optuna itself issues per key, in the
-    same JSON encoding), after the same "is the trial still running" check; other storages, or
-    other databases, take Optuna's per-key API.
+    SQLite and PostgreSQL take one multi-row upsert (``nas.study.optuna_internals``); other
+    storages Optuna's per-key ``Trial.set_user_attr``. ``trial.user_attrs`` is not updated:
+    read a trial's attrs back from the study.
     """
-    if not attrs:
-        return
-    storage = trial.study._storage
-    backend = getattr(storage, "_backend", storage)  # Optuna wraps an RDBStorage in a _CachedStorage
-    dialect = backend.engine.name if isinstance(backend, optuna.storages.RDBStorage) else None
-    if dialect not in ("sqlite", "postgresql"):
+    if attrs and not optuna_internals.write_user_attrs(storage, optuna_internals.trial_id(trial), attrs):
         for key, value in attrs.items():
             trial.set_user_attr(key, value)
-        return
-    from optuna.storages._rdb import models
-    from optuna.storages._rdb.storage import _create_scoped_session
-
-    if dialect == "sqlite":
-        from sqlalchemy.dialects.sqlite import insert
-    else:
-        from sqlalchemy.dialects.postgresql import insert
-    table = models.TrialUserAttributeModel
-    rows = [{"trial_id": trial._trial_id, "key": key, "value_json": json.dumps(value)} for key, value in attrs.items()]
-    statement = insert(table).values(rows)
-    statement = statement.on_conflict_do_update(index_elements=[table.trial_id, table.key],
-                                                set_={"value_json": statement.excluded.value_json})
-    with _create_scoped_session(backend.scoped_session) as session:
-        state = models.TrialModel.find_or_raise_by_id(trial._trial_id, session).state
-        backend.check_trial_is_updatable(trial._trial_id, state)
-        session.execute(statement)
-    trial._cached_frozen_trial.user_attrs.update(attrs)  # what Trial.set_user_attr keeps in step, per key
 
 
-def unbeaten_trial_ids(study: optuna.Study, older_than_s: float) -> list[int]:
-    """Trials RUNNING for more than ``older_than_s`` seconds that never recorded a heartbeat.
+def load_existing_study(url: str, study_name: str | None) -> optuna.Study:
+    """An existing study, read through ``make_storage``: ``study_name``, or the storage's only study.
 
-    Optuna's stale check (``fail_stale_trials``) skips trials without a heartbeat row, so a
-    worker killed in the milliseconds between ``ask()`` and its first beat would leave a trial
-    RUNNING forever, and workers waiting on it would wait forever. A live trial beats within
-    milliseconds of ``ask()``, so one that is this old without a beat was abandoned. Start
-    times are the asking worker's clock (Optuna's own convention), so ``older_than_s`` should
-    exceed any clock skew between machines. Non-RDB storages: ``[]``.
+    ``UsageError`` naming the studies the storage holds when ``study_name`` is missing from it,
+    or when it is None and the storage holds none or several.
     """
-    storage = study._storage
-    backend = getattr(storage, "_backend", storage)
-    if not isinstance(backend, optuna.storages.RDBStorage):
-        return []
-    from datetime import datetime, timedelta, timezone
-
-    from optuna.storages._rdb import models
-    from optuna.storages._rdb.storage import _create_scoped_session
-    from optuna.trial import TrialState
-
-    if hasattr(models.TrialModel, "_datetime_start_utc"):  # Optuna 5 stores naive UTC
-        started, now = models.TrialModel._datetime_start_utc, datetime.now(timezone.utc).replace(tzinfo=None)
-    else:  # Optuna 4: naive local time
-        started, now = models.TrialModel.datetime_start, datetime.now()
-    cutoff = now - timedelta(seconds=older_than_s)
-    beaten = sqlalchemy.select(models.TrialHeartbeatModel.trial_id)
-    query = (sqlalchemy.select(models.TrialModel.trial_id)
-             .where(models.TrialModel.study_id == study._study_id)
-             .where(models.TrialModel.state == TrialState.RUNNING)
-             .where(started < cutoff)
-             .where(models.TrialModel.trial_id.not_in(beaten)))
-    with _create_scoped_session(backend.scoped_session) as session:
-        return list(session.execute(query).scalars())
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = make_storage(url)
+    names = [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)]
+    if study_name is None:
+        if len(names) != 1:
+            raise UsageError(f"give --study-name: {url} holds {len(names)} studies"
+                             + (f" ({', '.join(names)})" if names else ""))
+        study_name = names[0]
+    if study_name not in names:
+        raise UsageError(f"no study {study_name!r} in {url}; it holds: {', '.join(names) or 'none'}")
+    return optuna.load_study(study_name=study_name, storage=storage)

@@ -13,19 +13,27 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from nas.arch import ArchConfig
-from nas.study.heartbeat import Heartbeat
+from nas.study.heartbeat import Heartbeat, TrialLost
 from nas.study.planning import Plan
-from nas.study.records import counts, in_flight, is_duplicate, key_seed, loss_of, set_attrs, shape_attrs
+from nas.study.records import counts, in_flight, is_duplicate, key_seed, loss_of, shape_attrs
+from nas.study.storage import write_user_attrs
 from nas.study.recovery import fail_abandoned, fail_stale
-from nas.study.session import Search
+from nas.study.session import Search, make_sampler
 from runners.proxy import run as run_proxy
 from runners.result import TrialResult
 
 POLL_S = 0.5  # how often a waiting worker looks at the storage again
+MAX_DUPLICATE_STREAK = 10  # after this many duplicates in a row, one random proposal breaks the loop
+
+
+def set_attrs(search: Search, trial: optuna.Trial, attrs: dict[str, Any]) -> None:
+    """All of ``attrs`` in one storage transaction (see ``nas.study.storage.write_user_attrs``)."""
+    write_user_attrs(search.storage, trial, attrs)
 
 
 def result_attrs(result: TrialResult) -> dict[str, Any]:
@@ -61,8 +69,9 @@ def find_original(search: Search, key: str, seed: int, number: int, heartbeat: H
             return min(done, key=lambda t: t.number)
         if not any(in_flight(t) and t.number < number and key_seed(t) in (None, (key, seed)) for t in trials):
             return None
+        heartbeat.check()  # waiting, too, ends when another worker has taken this trial
         fail_stale(search.study)
-        fail_abandoned(search.study)
+        fail_abandoned(search.study, search.storage, search.study_id)
         time.sleep(POLL_S)
 
 
@@ -74,7 +83,7 @@ def objective_values(search: Search, arch: ArchConfig, loss: float, tokens_per_s
 def answer_duplicate(search: Search, trial: optuna.Trial, original: FrozenTrial) -> str:
     copied = {name: original.user_attrs[name] for name in ("val_loss", "status", "reason", "tokens_per_s")
               if name in original.user_attrs}
-    set_attrs(trial, {"duplicate_of": original.number, **copied})
+    set_attrs(search, trial, {"duplicate_of": original.number, **copied})
     if original.state == TrialState.COMPLETE:
         search.study.tell(trial, original.values)
     elif original.state == TrialState.PRUNED:
@@ -87,18 +96,25 @@ def answer_duplicate(search: Search, trial: optuna.Trial, original: FrozenTrial)
     return "duplicate"
 
 
-def train(search: Search, trial: optuna.Trial, arch: ArchConfig, seed: int, role: str) -> tuple[str, float | None]:
+def train(search: Search, trial: optuna.Trial, arch: ArchConfig, seed: int, role: str,
+          heartbeat: Heartbeat) -> tuple[str, float | None]:
+    """Train the shape, record its result and tell Optuna; ``TrialLost`` if another worker took the trial meanwhile."""
     may_prune = not search.multi_objective and role not in ("baseline", "replicate")
     final_tokens = search.train.steps * search.train.tokens_per_step  # the last report: the run has ended
 
     def report(tokens: int, loss: float) -> bool:
+        heartbeat.check()  # stop training a trial whose retry another worker now trains
         if search.multi_objective:
             return False
         trial.report(loss, step=tokens)
         return may_prune and tokens < final_tokens and trial.should_prune()
 
-    result = run_proxy(arch, search.train.with_(seed=seed), search.data, report)
-    set_attrs(trial, result_attrs(result))
+    try:
+        result = run_proxy(arch, search.train.with_(seed=seed), search.data, report)
+        heartbeat.check()  # nor record its result: the trial is finished once, by its retry
+        set_attrs(search, trial, result_attrs(result))
+    except optuna.exceptions.UpdateFinishedTrialError:  # the storage said it first: the trial was failed meanwhile
+        raise TrialLost(heartbeat.lost_reason()) from None
     if result.status == "ok":
         values = objective_values(search, arch, result.val_loss, result.tokens_per_s)
         search.study.tell(trial, values)
@@ -123,27 +139,55 @@ def drawing_with(study: optuna.Study, sampler: optuna.samplers.BaseSampler | Non
         study.sampler = own
 
 
+def proposal_seed(seed: int, number: int) -> int:
+    """The seed trial ``number`` draws its shape with: distinct per trial, so per process and machine.
+
+    Trial numbers are unique within a study whichever process or machine asks, so workers
+    sharing a study never draw in lockstep, and one worker with ``--seed`` draws the same
+    proposals each time it runs the same study.
+    """
+    return int(np.random.SeedSequence([seed, number]).generate_state(1)[0])
+
+
+def proposal_sampler(search: Search, number: int, plan: Plan | None,
+                     duplicate_streak: int = 0) -> optuna.samplers.BaseSampler:
+    """The sampler that draws trial ``number``'s shape.
+
+    A plan fixes every parameter (a random base sampler is never asked, and unlike TPE it does not
+    read the study to infer a search space it would not use); after ``MAX_DUPLICATE_STREAK``
+    duplicates in a row, a random draw breaks the loop; otherwise the study's sampler kind
+    (TPE by default), seeded by ``proposal_seed``. Samplers keep their history in the storage,
+    so a fresh one per trial proposes what a long-lived one would, from a seed of its own.
+    """
+    seed = proposal_seed(search.train.seed, number)
+    if plan is not None:
+        return optuna.samplers.PartialFixedSampler(plan.params, optuna.samplers.RandomSampler(seed=seed))
+    if duplicate_streak >= MAX_DUPLICATE_STREAK:
+        return optuna.samplers.RandomSampler(seed=seed)
+    return make_sampler(search.config, seed)
+
+
 def run_trial(search: Search, trial: optuna.Trial, heartbeat: Heartbeat, plan: Plan | None = None,
-              sampler: optuna.samplers.BaseSampler | None = None,
+              duplicate_streak: int = 0,
               known: list[FrozenTrial] | None = None) -> tuple[str, ArchConfig, int, str, float | None]:
     """Suggest (or read the enqueued) shape, de-duplicate, train, tell. Returns (state, arch, seed, role, loss).
 
     ``plan`` applies unless ``ask`` handed out a queued trial (which carries its own shape and seed);
-    ``sampler`` (the plan's, or a random one that breaks a run of duplicates) draws the shape; ``known`` is
-    the study as read before ``ask`` (see ``find_original``).
+    ``proposal_sampler`` draws the shape; ``known`` is the study as read before ``ask`` (see
+    ``find_original``).
     """
     given = dict(trial.user_attrs)  # a queued trial's own key, seed and role; else the plan's, if any
     if plan is not None and "key" not in given:
         given.update(plan.user_attrs)
-    with drawing_with(search.study, sampler):
+    with drawing_with(search.study, proposal_sampler(search, trial.number, plan, duplicate_streak)):
         arch = search.space.suggest(trial)
     seed = int(given.get("seed", search.train.seed))
     role = given.get("role", "sampled")
     # one transaction (key, seed, role, shape): from now on other workers see what this trial trains; until
     # then a worker that draws the same shape waits for this lower-numbered, shapeless trial (find_original)
-    set_attrs(trial, shape_attrs(arch, seed, role))
+    set_attrs(search, trial, shape_attrs(arch, seed, role))
     original = find_original(search, arch.key(), seed, trial.number, heartbeat, known)
     if original is not None:
         return answer_duplicate(search, trial, original), arch, seed, role, loss_of(original)
-    state, loss = train(search, trial, arch, seed, role)
+    state, loss = train(search, trial, arch, seed, role, heartbeat)
     return state, arch, seed, role, loss

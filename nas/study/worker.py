@@ -14,7 +14,6 @@ Workers on any number of machines share one study through the storage (Optuna's 
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,14 +22,14 @@ from optuna.trial import FrozenTrial, TrialState
 
 from nas.arch import ArchConfig
 from nas.errors import UsageError
-from nas.study.heartbeat import Heartbeat
+from nas.study.heartbeat import Heartbeat, TrialLost
+from nas.study.optuna_internals import trial_id
 from nas.study.planning import plan_next
-from nas.study.records import counts, in_flight, loss_of
+from nas.study.records import counts, in_flight, scores_by_shape
 from nas.study.recovery import fail_abandoned, fail_stale, mark_interrupted, requeue
 from nas.study.session import Search
 from nas.study.trial import POLL_S, run_trial
 
-MAX_DUPLICATE_STREAK = 10  # after this many duplicates in a row, one random proposal breaks the loop
 MAX_ERROR_STREAK = 3  # trials in a row crashing with an error (not a result) stop the worker
 
 
@@ -62,16 +61,11 @@ def summary(search: Search, trials: list[FrozenTrial]) -> tuple[int, tuple[int, 
     Shapes are compared by their mean over seeds, as in the leaderboard: one lucky seed is not a gain
     (and the baseline's own first seed must not show a gain over the baseline).
     """
-    counted = [t for t in trials if counts(t)]
-    losses: dict[str, list[float]] = defaultdict(list)
-    first: dict[str, int] = {}
-    for t in counted:
-        if t.state == TrialState.COMPLETE:
-            losses[t.user_attrs["key"]].append(loss_of(t))
-            first.setdefault(t.user_attrs["key"], t.number)
-    means = {key: sum(values) / len(values) for key, values in losses.items()}
-    best = min(means, key=lambda key: (means[key], first[key]), default=None)
-    return len(counted), ((first[best], means[best]) if best else None), means.get(search.baseline.key())
+    scores = scores_by_shape(trials)
+    best = min(scores.values(), key=lambda s: (s.mean, s.first_trial), default=None)
+    baseline = scores.get(search.baseline.key())
+    return (sum(counts(t) for t in trials), (best.first_trial, best.mean) if best else None,
+            baseline.mean if baseline else None)
 
 
 def run_worker(search: Search, on_event: Callable[[TrialEvent], None] | None = None) -> int:
@@ -89,21 +83,15 @@ def run_worker(search: Search, on_event: Callable[[TrialEvent], None] | None = N
         if counted >= target:
             return trained
         if counted + sum(in_flight(t) for t in trials) >= target:
-            fail_abandoned(study)
+            fail_abandoned(study, search.storage, search.study_id)
             time.sleep(POLL_S)  # the rest is running elsewhere; stay in case one of them fails
             continue
         plan = plan_next(search, trials)
-        sampler = None
-        if plan is not None:  # every parameter is fixed: a random base sampler is never asked, and unlike TPE
-            # it does not read the study to infer a search space it would not use (one storage read less)
-            sampler = optuna.samplers.PartialFixedSampler(plan.params, optuna.samplers.RandomSampler(seed=len(trials)))
-        elif duplicate_streak >= MAX_DUPLICATE_STREAK:
-            sampler = optuna.samplers.RandomSampler(seed=search.train.seed + len(trials))
-        trial = study.ask()  # a queued trial if there is one, else a fresh one that ``plan`` or the sampler fills
+        trial = study.ask()  # a queued trial if there is one, else a fresh one that ``plan`` or a sampler fills
         started = time.perf_counter()
         state, loss, reason = "error", None, None
         arch, seed, role = search.baseline, search.train.seed, "sampled"
-        with Heartbeat(study, trial._trial_id) as heartbeat:
+        with Heartbeat(search.storage, trial_id(trial), trial.number) as heartbeat:
             try:
                 if _may_be_surplus(trials, trial.number, target) and _is_surplus(study, trial.number, target):
                     # stand down, but stay: the others may still fail
@@ -112,7 +100,9 @@ def run_worker(search: Search, on_event: Callable[[TrialEvent], None] | None = N
                     if "key" in trial.user_attrs:  # a queued trial (e.g. a re-queued one) goes back to the queue
                         requeue(study, trial.number)
                     continue
-                state, arch, seed, role, loss = run_trial(search, trial, heartbeat, plan, sampler, trials)
+                state, arch, seed, role, loss = run_trial(search, trial, heartbeat, plan, duplicate_streak, trials)
+            except TrialLost as lost:  # another worker failed it as stale and re-queued it: nothing to tell
+                state, reason = "stale", str(lost)
             except KeyboardInterrupt:
                 mark_interrupted(study, trial)
                 raise
@@ -126,7 +116,7 @@ def run_worker(search: Search, on_event: Callable[[TrialEvent], None] | None = N
                     trial.set_user_attr("reason", reason)
                     study.tell(trial, state=TrialState.FAIL)
                 except optuna.exceptions.UpdateFinishedTrialError:  # this process starved, its heartbeat went
-                    state, reason = "stale", None  # stale: another worker failed and re-queued the trial
+                    state, reason = "stale", heartbeat.lost_reason()  # another worker failed and re-queued it
         trained += state not in ("duplicate", "error", "stale")
         duplicate_streak = duplicate_streak + 1 if state == "duplicate" else 0
         error_streak = error_streak + 1 if state == "error" else 0

@@ -1,0 +1,93 @@
+"""The one module that reaches into Optuna's private API; everything else in prism-nas uses public API only.
+
+Each use below has no public equivalent at the same cost (``tests/test_layering.py`` keeps
+private Optuna names out of every other module; ``pyproject.toml`` pins the Optuna major
+version these were written against, 5.x, which CI installs):
+
+- ``trial_id``: ``Trial._trial_id``, the storage key of a running trial. The public route,
+  ``storage.get_trial_id_from_study_id_trial_number``, costs a query per trial.
+- ``write_user_attrs``: one multi-row upsert into Optuna's own ``trial_user_attributes``
+  table. ``Trial.set_user_attr`` commits one attribute per transaction (~38 commits for a
+  trained trial: ~0.2 s on SQLite, 2 % of a default CPU trial; ``benchmarks`` figure 5).
+- ``unbeaten_trial_ids``: RUNNING trials that never recorded a heartbeat. Optuna's public
+  stale check (``fail_stale_trials``) skips trials without a heartbeat row, and no public API
+  reads heartbeats.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import optuna
+import sqlalchemy
+from optuna.trial import TrialState
+
+
+def trial_id(trial: optuna.Trial) -> int:
+    """The storage's id of a trial handed out by ``study.ask()``."""
+    return trial._trial_id
+
+
+def _rdb(storage: optuna.storages.BaseStorage) -> optuna.storages.RDBStorage | None:
+    """The ``RDBStorage`` behind ``storage`` (Optuna wraps one in a cache), or None for other storages."""
+    backend = getattr(storage, "_backend", storage)
+    return backend if isinstance(backend, optuna.storages.RDBStorage) else None
+
+
+def write_user_attrs(storage: optuna.storages.BaseStorage, trial_id: int, attrs: dict[str, Any]) -> bool:
+    """Upsert every key of ``attrs`` on the running trial ``trial_id`` in one transaction.
+
+    The statement is the one Optuna issues per key (same table, same JSON encoding), after the
+    same "is the trial still running" check (``UpdateFinishedTrialError`` otherwise). Returns
+    False, writing nothing, for storages other than SQLite or PostgreSQL behind an ``RDBStorage``:
+    the caller then takes Optuna's per-key API.
+    """
+    backend = _rdb(storage)
+    dialect = backend.engine.name if backend is not None else None
+    if dialect not in ("sqlite", "postgresql"):
+        return False
+    from optuna.storages._rdb import models
+    from optuna.storages._rdb.storage import _create_scoped_session
+
+    if dialect == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert
+    else:
+        from sqlalchemy.dialects.postgresql import insert
+    table = models.TrialUserAttributeModel
+    rows = [{"trial_id": trial_id, "key": key, "value_json": json.dumps(value)} for key, value in attrs.items()]
+    statement = insert(table).values(rows)
+    statement = statement.on_conflict_do_update(index_elements=[table.trial_id, table.key],
+                                                set_={"value_json": statement.excluded.value_json})
+    with _create_scoped_session(backend.scoped_session) as session:
+        state = models.TrialModel.find_or_raise_by_id(trial_id, session).state
+        backend.check_trial_is_updatable(trial_id, state)
+        session.execute(statement)
+    return True
+
+
+def unbeaten_trial_ids(storage: optuna.storages.BaseStorage, study_id: int, older_than_s: float) -> list[int]:
+    """Trials RUNNING for more than ``older_than_s`` seconds that never recorded a heartbeat.
+
+    A live trial beats within milliseconds of ``ask()``, so one that is this old without a beat
+    was abandoned (its worker died in between). Start times are the asking worker's clock
+    (Optuna's own convention), so ``older_than_s`` should exceed any clock skew between machines.
+    Non-RDB storages: ``[]``.
+    """
+    backend = _rdb(storage)
+    if backend is None:
+        return []
+    from optuna.storages._rdb import models
+    from optuna.storages._rdb.storage import _create_scoped_session
+
+    started = models.TrialModel._datetime_start_utc  # Optuna 5 stores naive UTC
+    cutoff = datetime.now(timezone.utc).replace(tzinfo=None) - timedelta(seconds=older_than_s)
+    beaten = sqlalchemy.select(models.TrialHeartbeatModel.trial_id)
+    query = (sqlalchemy.select(models.TrialModel.trial_id)
+             .where(models.TrialModel.study_id == study_id)
+             .where(models.TrialModel.state == TrialState.RUNNING)
+             .where(started < cutoff)
+             .where(models.TrialModel.trial_id.not_in(beaten)))
+    with _create_scoped_session(backend.scoped_session) as session:
+        return list(session.execute(query).scalars())
