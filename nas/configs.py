@@ -1,0 +1,100 @@
+"""Shapes from JSON files: a plain ``ArchConfig``, a ``nas best --format json`` / ``nas export`` row, or a list of rows.
+
+What ``nas train --config``, ``nas space show --config`` and ``nas rerun`` read. A row carries
+its shape under ``"arch"`` (the other keys are the proxy's scores: mean loss, interval,
+gain); a list of rows is a leaderboard, read by ``rank`` (1 = the best shape). Imports no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from nas.arch import ArchConfig
+from nas.errors import UsageError
+
+
+def read_json_file(path: str | Path, what: str = "--config") -> Any:
+    """The parsed JSON of ``path``; one-line ``UsageError`` naming the file when it is missing or not JSON."""
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"{what} {str(path)!r} does not exist" if not path.exists() else
+                         f"{what} {str(path)!r} is not a file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise UsageError(f"{what} {str(path)!r} cannot be read: {error}") from None
+    try:
+        return json.loads(text, parse_constant=_refuse_constant)
+    except json.JSONDecodeError as error:
+        raise UsageError(f"{what} {str(path)!r} is not JSON: {error.msg} at line {error.lineno} "
+                         f"column {error.colno}") from None
+    except ValueError as error:
+        raise UsageError(f"{what} {str(path)!r}: {error}") from None
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a valid JSON number")
+
+
+def arch_from_json(data: Any, source: str, rank: int | None = None) -> ArchConfig:
+    """The shape in ``data`` (see the module docstring); ``rank`` picks a row of a list (default: the first)."""
+    if isinstance(data, list):
+        rows = [row for row in data if isinstance(row, dict)]
+        if not rows or len(rows) != len(data):
+            raise UsageError(f"{source} holds a list, but not of `nas best`/`nas export` rows (JSON objects)")
+        if rank is None:
+            rank = 1
+        if not 1 <= rank <= len(rows):
+            raise UsageError(f"--rank {rank} is invalid: {source} holds {len(rows)} rows (ranks 1-{len(rows)})")
+        by_rank = {row.get("rank"): row for row in rows if isinstance(row.get("rank"), int)}
+        data = by_rank.get(rank, rows[rank - 1])
+    elif rank is not None and rank != 1:
+        raise UsageError(f"--rank {rank} needs a list of rows, and {source} holds one shape")
+    if not isinstance(data, dict):
+        raise UsageError(f"{source} holds a JSON {type(data).__name__}, not an ArchConfig object or a "
+                         "`nas best --format json` row")
+    if "arch" in data:  # a leaderboard or export row: the shape, plus the proxy's scores
+        data = data["arch"]
+        if not isinstance(data, dict):
+            raise UsageError(f"{source}: its \"arch\" is a JSON {type(data).__name__}, not an ArchConfig object")
+    _check_numbers(data, source)
+    try:
+        return ArchConfig.from_dict(data)
+    except TypeError as error:  # a missing field, or a value of the wrong type deep inside
+        raise UsageError(f"{source} is not an ArchConfig: {error}") from None
+
+
+def _check_numbers(data: dict[str, Any], source: str) -> None:
+    """Every integer field an integer (JSON ``12.0`` or ``true`` is not a layer count), every float finite."""
+    for name in ("n_layers", "d_model", "vocab_size"):
+        value = data.get(name)
+        if name in data and (isinstance(value, bool) or not isinstance(value, int)):
+            raise UsageError(f"{source}: {name}={value!r} is invalid: it must be a positive integer")
+    heads = data.get("heads")
+    if "heads" in data and (not isinstance(heads, list) or
+                            any(isinstance(h, bool) or not isinstance(h, int) for h in heads)):
+        raise UsageError(f"{source}: heads={heads!r} is invalid: give a list of head counts, one per layer")
+    ffn = data.get("ffn")
+    if "ffn" in data:
+        if not isinstance(ffn, dict):
+            raise UsageError(f"{source}: ffn={ffn!r} is invalid: give {{\"k\": K, \"hidden\": d_h}}")
+        for name in ("k", "hidden"):
+            value = ffn.get(name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise UsageError(f"{source}: ffn.{name}={value!r} is invalid: it must be a positive integer")
+    for name in ("rope_theta", "norm_eps"):
+        value = data.get(name)
+        if name in data and (isinstance(value, bool) or not isinstance(value, (int, float))
+                             or not math.isfinite(value) or value <= 0):
+            raise UsageError(f"{source}: {name}={value!r} is invalid: it must be a positive number")
+    tie = data.get("tie_embeddings")
+    if "tie_embeddings" in data and not isinstance(tie, bool):
+        raise UsageError(f"{source}: tie_embeddings={tie!r} is invalid: give true or false")
+
+
+def read_arch_config(path: str | Path, rank: int | None = None, what: str = "--config") -> ArchConfig:
+    """The shape in the JSON file ``path`` (see the module docstring)."""
+    return arch_from_json(read_json_file(path, what), f"{what} {str(path)!r}", rank)

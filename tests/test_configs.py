@@ -1,0 +1,76 @@
+"""Shapes read from JSON files (``nas.configs``): plain ArchConfigs, `nas best` rows, leaderboards."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from nas.arch import ArchConfig, FFNShape, uniform
+from nas.configs import arch_from_json, read_arch_config
+from nas.errors import UsageError
+
+BASE = uniform(4, 32, 4, 256)
+STEP = ArchConfig(n_layers=4, d_model=32, heads=(2, 2, 4, 4), ffn=BASE.ffn, vocab_size=256)
+
+
+def row(rank: int, arch: ArchConfig, **scores) -> dict:
+    """A row as `nas best --format json` writes it: the proxy's scores beside the shape."""
+    return {"rank": rank, "heads": "2x2,4x2", "mean_loss": 3.1, "ci95": 0.05, "gain_pct": 1.2, "seeds": 3,
+            "arch": arch.to_dict(), **scores}
+
+
+def test_a_plain_config_a_row_and_a_leaderboard_all_give_the_shape(tmp_path):
+    assert arch_from_json(STEP.to_dict(), "x") == STEP
+    assert arch_from_json(row(1, STEP), "x") == STEP  # the row's scores (ci95, gain_pct ...) are not fields
+    board = [row(1, STEP), row(2, BASE, is_baseline=True)]
+    assert arch_from_json(board, "x") == STEP and arch_from_json(board, "x", rank=2) == BASE
+    path = tmp_path / "best.json"
+    path.write_text(json.dumps(board))
+    assert read_arch_config(path, rank=2) == BASE
+
+
+@pytest.mark.parametrize("data, says", [
+    ([], "not of `nas best`/`nas export` rows"),
+    ([1, 2], "not of `nas best`/`nas export` rows"),
+    ("text", "holds a JSON str"),
+    ({"arch": [1]}, "its \"arch\" is a JSON list"),
+    ({**STEP.to_dict(), "n_layers": 4.0}, "n_layers=4.0 is invalid"),
+    ({**STEP.to_dict(), "d_model": True}, "d_model=True is invalid"),
+    ({**STEP.to_dict(), "heads": "2,2,4,4"}, "heads='2,2,4,4' is invalid"),
+    ({**STEP.to_dict(), "ffn": {"k": 1, "hidden": "88"}}, "ffn.hidden='88' is invalid"),
+    ({**STEP.to_dict(), "rope_theta": -1}, "rope_theta=-1 is invalid"),
+    ({**STEP.to_dict(), "heads": [3, 3, 4, 4]}, "does not divide d_model=32"),
+    ({**STEP.to_dict(), "colour": "red"}, "unknown ArchConfig field(s) colour"),
+    ({"n_layers": 4}, "is not an ArchConfig"),
+])
+def test_what_is_not_a_shape_is_one_usage_error(data, says):
+    with pytest.raises(UsageError) as error:
+        arch_from_json(data, "--config 'f.json'")
+    assert says in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_rank_outside_the_leaderboard_or_on_a_single_shape_is_refused():
+    with pytest.raises(UsageError, match=r"--rank 3 is invalid: .* holds 2 rows \(ranks 1-2\)"):
+        arch_from_json([row(1, STEP), row(2, BASE)], "f", rank=3)
+    with pytest.raises(UsageError, match="--rank 2 needs a list of rows"):
+        arch_from_json(STEP.to_dict(), "f", rank=2)
+
+
+@pytest.mark.parametrize("text, says", [("", "is not JSON"), ("{", "is not JSON"), ("[NaN]", "NaN is not a valid")])
+def test_unreadable_files_name_the_file(tmp_path, text, says):
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    with pytest.raises(UsageError, match=says) as error:
+        read_arch_config(path)
+    assert str(path) in str(error.value)
+    with pytest.raises(UsageError, match="does not exist"):
+        read_arch_config(tmp_path / "missing.json")
+    with pytest.raises(UsageError, match="is not a file"):
+        read_arch_config(tmp_path)
+
+
+def test_hourglass_shapes_round_trip():
+    hourglass = ArchConfig(n_layers=2, d_model=64, heads=(4, 4), ffn=FFNShape(4, 24), vocab_size=256,
+                           tie_embeddings=False)
+    assert arch_from_json(json.loads(hourglass.to_json()), "f") == hourglass

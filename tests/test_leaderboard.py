@@ -1,0 +1,78 @@
+"""The leaderboard and the per-shape scores it ranks by, on studies made with Optuna's API (no training)."""
+
+from __future__ import annotations
+
+import math
+from statistics import mean, stdev
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+from scipy import stats
+
+from nas.arch import ArchConfig, uniform
+from nas.study.records import scores_by_shape, shape_attrs
+from reports.leaderboard import ci95, leaderboard
+
+BASE = uniform(4, 32, 4, 256)
+STEP = ArchConfig(n_layers=4, d_model=32, heads=(2, 2, 4, 4), ffn=BASE.ffn, vocab_size=256)
+
+
+def add(study: optuna.Study, arch: ArchConfig, seed: int, loss: float | None, state=TrialState.COMPLETE,
+        role: str = "member", **attrs) -> None:
+    user_attrs = {**shape_attrs(arch, seed, role), "val_loss": loss, "tokens_per_s": 1000.0 + seed, **attrs}
+    study.add_trial(optuna.trial.create_trial(state=state, value=loss if state == TrialState.COMPLETE else None,
+                                              user_attrs=user_attrs))
+
+
+@pytest.fixture
+def study() -> optuna.Study:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study()
+    study.set_user_attr("nas:baseline_key", BASE.key())
+    return study
+
+
+def test_ci95_is_students_t_at_every_sample_size():
+    for n in (2, 5, 30, 31, 32, 33, 100):
+        values = [3.0 + 0.01 * ((7 * i) % 11) for i in range(n)]
+        expected = stats.t.ppf(0.975, n - 1) * stdev(values) / math.sqrt(n)
+        assert ci95(values) == pytest.approx(expected, rel=1e-12)
+    # no jump from t to the normal quantile at df = 31: the interval narrows smoothly with n
+    widths = [ci95([0.0, 1.0] * (n // 2)) * math.sqrt(n) / stdev([0.0, 1.0] * (n // 2)) for n in range(30, 36, 2)]
+    assert widths[0] > widths[1] > widths[2] > stats.norm.ppf(0.975)
+    assert ci95([3.0]) is None
+
+
+def test_scores_by_shape_keeps_completed_trainings_only_in_first_trial_order(study):
+    add(study, STEP, 0, 3.0)
+    add(study, BASE, 0, 3.2, role="baseline")
+    add(study, STEP, 1, 3.4, role="replicate")
+    add(study, STEP, 2, None, state=TrialState.PRUNED)  # pruned: no score
+    add(study, BASE, 0, 3.2, duplicate_of=1)  # answered from trial 1: not a second seed
+    add(study, BASE, 1, None, state=TrialState.FAIL, status="diverged")
+    add(study, BASE, 2, 9.9, surplus=True)
+    scores = scores_by_shape(study.get_trials())
+    assert list(scores) == [STEP.key(), BASE.key()]
+    assert scores[STEP.key()].trials == (0, 2) and scores[STEP.key()].seeds == (0, 1)
+    assert scores[STEP.key()].mean == pytest.approx(3.2) and scores[BASE.key()].losses == (3.2,)
+
+
+def test_leaderboard_rows_carry_mean_interval_gain_and_the_shape(study):
+    for seed, loss in enumerate((3.30, 3.34, 3.26)):
+        add(study, BASE, seed, loss, role="baseline" if seed == 0 else "replicate")
+    for seed, loss in enumerate((3.20, 3.25)):
+        add(study, STEP, seed, loss)
+    board = leaderboard(study)
+    assert list(board["rank"]) == [1, 2] and list(board["key"]) == [STEP.key(), BASE.key()]
+    best, base = board.iloc[0], board.iloc[1]
+    assert best["mean_loss"] == pytest.approx(3.225) and base["mean_loss"] == pytest.approx(3.30)
+    assert best["gain_pct"] == pytest.approx(100 * (3.30 - 3.225) / 3.30) and base["gain_pct"] == 0
+    assert best["ci95"] == pytest.approx(ci95([3.20, 3.25])) and best["seeds"] == 2
+    assert ArchConfig.from_dict(best["arch"]) == STEP and base["is_baseline"] and best["heads"] == "2x2,4x2"
+    assert best["tokens_per_s"] == pytest.approx(mean([1000.0, 1001.0]))
+    assert len(leaderboard(study, top=1)) == 2  # the baseline is always shown
+
+
+def test_an_empty_study_has_an_empty_leaderboard(study):
+    assert leaderboard(study).empty
