@@ -16,8 +16,9 @@ from optuna.trial import TrialState
 from typer.testing import CliRunner
 
 import runners.device
+from runners.presets import get_preset
 from nas.arch import uniform
-from nas.cli.commands import app
+from nas.cli import app
 from nas.cli.progress import Progress
 from nas.study.config import SearchConfig
 from nas.study.parallel import run_search
@@ -39,7 +40,7 @@ def one_line_error(result) -> str:
 
 
 @pytest.mark.parametrize("args, says", [
-    (["--space", "pyramid"], "unknown space 'pyramid'"),
+    (["--space", "pyramid"], "'pyramid' is not one of 'prism', 'hourglass', 'joint'"),
     (["--storage", "not a url"], "storage URL 'not a url' is malformed"),
     (["--storage", "sqlite://"], "names no file"),
     (["--storage", "sqlite:////no/such/folder/nas.db"], "does not exist"),
@@ -48,8 +49,11 @@ def one_line_error(result) -> str:
     (["--trials", "0"], "--trials 0 is invalid"),
     (["--trials", "-3"], "--trials -3 is invalid"),
     (["--workers", "0"], "--workers 0 is invalid"),
-    (["--sampler", "cmaes"], "unknown sampler 'cmaes'"),
-    (["--pruner", "asha"], "unknown pruner 'asha'"),
+    (["--sampler", "cmaes"], "'cmaes' is not one of 'tpe', 'random', 'grid', 'gp', 'nsga2'"),
+    (["--pruner", "asha"], "'asha' is not one of 'median', 'hyperband', 'none'"),
+    (["--dtype", "fp8"], "'fp8' is not one of 'fp32', 'bf16'"),
+    (["--trials", "many"], "Invalid value for '--trials' ('many')"),
+    (["--no-such-option"], "No such option: --no-such-option"),
     (["--objectives", "loss,flops"], "--objectives 'loss,flops' is invalid"),
     (["--objectives", "params"], "--objectives 'params' is invalid"),
     (["--objectives", "loss,params", "--sampler", "gp"], "--sampler gp takes a single objective"),
@@ -77,30 +81,43 @@ def test_bad_option_exit_status_is_2_from_the_real_command(tmp_path):
                                   ["--preset", "huge"], ["--lr", "-1"]])
 def test_bad_search_options_are_reported_before_torch_is_imported(args):
     """A typo is answered in about a second: importing torch (the study, the model) takes ~4 s."""
-    code = ("import sys; from typer.testing import CliRunner; from nas.cli.commands import app; "
+    code = ("import sys; from typer.testing import CliRunner; from nas.cli import app; "
             f"r = CliRunner().invoke(app, ['search', *{args!r}]); print(r.exit_code, 'torch' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.stdout.split() == ["2", "False"], proc.stdout + proc.stderr
 
 
-def test_run_only_options_keep_the_default_study_name_and_training_changes_add_a_hash():
-    from nas.data.loading import load_data
-    from nas.study.identity import default_study_name, identity, train_config
+def resolved_study_name(space: SpaceOptions, preset: str = "tiny", *overrides, data: str = "builtin") -> str:
+    """The name `nas search` gives the study of these options (as ``open_search`` resolves it)."""
+    from nas.data import load_data
+    from nas.study.identity import study_name, train_config
     from runners.presets import get_preset
     from search_spaces.factory import build_space
 
-    data = load_data("builtin")
+    config = SearchConfig(space=space, preset=preset, data=data, train_overrides=tuple(overrides))
+    loaded = load_data(data)
+    built = build_space(config.space, defaults=get_preset(preset).baseline.replace(vocab_size=loaded.vocab_size))
+    return study_name(config, built, train_config(config), loaded)
 
-    def name(*overrides):
-        config = SearchConfig(space=SpaceOptions(space="prism"), preset="tiny", train_overrides=tuple(overrides))
-        space = build_space(config.space, defaults=get_preset("tiny").baseline)
-        return default_study_name(config, identity(config, space, train_config(config), data))
 
-    assert name() == "prism-tiny"
-    assert name(("threads", 1), ("device", "cpu"), ("compile", False)) == "prism-tiny"  # how, not what, it trains
-    assert name(("tokens", get_preset("tiny").train.tokens)) == "prism-tiny"  # the preset's own value
-    changed = name(("tokens", 8192))
-    assert changed.startswith("prism-tiny-") and changed != name(("lr", 0.5))
+def test_run_only_options_keep_the_default_study_name_and_training_changes_add_a_hash():
+    prism = SpaceOptions(space="prism")
+    assert resolved_study_name(prism) == "prism-tiny"
+    # how, not what, it trains
+    assert resolved_study_name(prism, "tiny", ("threads", 1), ("device", "cpu"), ("compile", False)) == "prism-tiny"
+    assert resolved_study_name(prism, "tiny", ("tokens", get_preset("tiny").train.tokens)) == "prism-tiny"
+    changed = resolved_study_name(prism, "tiny", ("tokens", 8192))
+    assert changed.startswith("prism-tiny-") and changed != resolved_study_name(prism, "tiny", ("lr", 0.5))
+
+
+def test_options_typed_with_their_default_values_keep_the_default_study_name():
+    """Identity comes from the resolved values: `nas search --layers 12 --heads 12` continues study prism-cpu."""
+    assert resolved_study_name(SpaceOptions(space="prism", layers=12, heads=12), "cpu") == "prism-cpu"
+    assert resolved_study_name(SpaceOptions(space="prism", d_model=96, min_plateau=2, max_plateau=4,
+                                            min_baseline=6, vocab=256), "cpu") == "prism-cpu"
+    assert resolved_study_name(SpaceOptions(space="hourglass", k_values=(1, 2, 4, 6, 8)), "cpu") == "hourglass-cpu"
+    assert resolved_study_name(SpaceOptions(space="prism"), "cpu", ("seed", 0), ("lr", 1e-2)) == "prism-cpu"
+    assert resolved_study_name(SpaceOptions(space="prism", layers=6), "cpu").startswith("prism-cpu-")
 
 
 # ----------------------------------------------------------------- nas best
@@ -156,7 +173,7 @@ def test_best_with_a_bad_study_or_format_is_one_line_and_exit_2(tmp_path):
     result = invoke("best", "--study-name", "nope", "--storage", storage)
     assert result.exit_code == 2 and "no study 'nope'" in one_line_error(result) and "other" in result.stderr
     result = invoke("best", "--study-name", "other", "--storage", storage, "--format", "xml")
-    assert result.exit_code == 2 and "--format 'xml'" in one_line_error(result)
+    assert result.exit_code == 2 and "'xml' is not one of 'table', 'json'" in one_line_error(result)
 
 
 # ----------------------------------------------------------------- several objectives

@@ -7,18 +7,16 @@ import io
 import json
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
-from nas.cli.space import space_app, space_options_from_cli
+from nas.cli import app
+from nas.cli.space import space_options_from_cli
 from nas.errors import UsageError
 from search_spaces.factory import DEFAULT_BASELINE, SpaceOptions, build_space
 from search_spaces.hourglass import HourglassSpace
 from search_spaces.joint import JointSpace
 from search_spaces.prism import PrismSpace
 
-app = typer.Typer()
-app.add_typer(space_app, name="space")
 GPT2 = ["--layers", "12", "--d-model", "768", "--heads", "12"]
 
 
@@ -77,7 +75,8 @@ def test_heads_not_dividing_d_model_is_one_line_and_exit_2():
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--space", "foo"], "unknown space 'foo'; choose prism, hourglass or joint"),
+        (["--space", "foo"], "Invalid value for '--space': 'foo' is not one of 'prism', 'hourglass', 'joint'"),
+        (["--space", "hourglass", "--fix", "ffn"], "'ffn' is not one of 'attention', 'none'"),
         (["--min-plateau", "5"], "min_plateau=5 > max_plateau=4"),
         (["--space", "prism", "--budget", "1M"], "--budget only applies to the hourglass and joint spaces"),
         (["--space", "hourglass", "--k-values", "1,x"], "--k-values '1,x' is not a comma-separated list of ints"),

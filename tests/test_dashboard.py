@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 from typer.testing import CliRunner
 
-from nas.cli.commands import app
+from nas.cli import app
 from nas.study.config import SearchConfig
 from nas.study.parallel import run_search
 from search_helpers import sqlite_url, start_nas, stop, wait_for

@@ -12,7 +12,7 @@ import pytest
 from optuna.trial import TrialState
 from typer.testing import CliRunner
 
-from nas.cli.commands import app
+from nas.cli import app
 from nas.errors import UsageError
 from nas.study.records import counts
 from nas.study.config import SearchConfig

@@ -1,5 +1,19 @@
-"""The command line (``nas ...``): parses options and prints; the work lives in the packages below it."""
+"""The command line (``nas ...``): parses options and prints; the work lives in the packages below it.
 
-from nas.cli.commands import app, main
+One module per group of commands; importing them registers their commands on ``app``.
+Heavy libraries (torch, optuna) are imported inside the commands, so ``nas --help`` and a
+mistyped option are answered at once.
+"""
+
+from nas.cli.app import app
+from nas.cli import search, results, runs, tools, space  # noqa: E402, F401, I001  (registers commands, in --help order)
+
+app.add_typer(space.space_app, name="space")
+
+
+def main() -> None:
+    """The ``nas`` console script."""
+    app()
+
 
 __all__ = ["app", "main"]

@@ -15,7 +15,8 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from nas.arch import ArchConfig
+from nas.cli.options import Fix, ListFormat, Space, plain
+from nas.configs import read_arch_config
 from nas.errors import UsageError
 from nas.units import parse_size
 from search_spaces.base import SearchSpace
@@ -29,7 +30,7 @@ space_app = typer.Typer(help="Count, list and check the members of a search spac
 # ----------------------------------------------------------------- the shape options, defined once
 _P = "Prism schedule"
 _H = "Hourglass grid"
-SpaceOpt = Annotated[str, typer.Option("--space", help="Search space: prism, hourglass or joint.")]
+SpaceOpt = Annotated[Space, typer.Option("--space", help="Search space.")]
 LayersOpt = Annotated[Optional[int], typer.Option("--layers", help="Baseline depth L (default 12).", show_default=False)]
 DModelOpt = Annotated[Optional[int], typer.Option("--d-model", help="Baseline width d_model (default 96).", show_default=False)]
 HeadsOpt = Annotated[Optional[int], typer.Option("--heads", help="Baseline head count h_base, divides d_model (default 12).",
@@ -64,12 +65,12 @@ ToleranceOpt = Annotated[Optional[str], typer.Option("--tolerance", help=f"{_H}:
 RatioToleranceOpt = Annotated[Optional[str], typer.Option("--ratio-tolerance", help=f"{_H}: achieved d_h/d_model "
                                                           "within this fraction of the target (default 15%).",
                                                           show_default=False)]
-FixOpt = Annotated[Optional[str], typer.Option("--fix", help=f"{_H}: 'attention' keeps the baseline's d_model and L, "
+FixOpt = Annotated[Optional[Fix], typer.Option("--fix", help=f"{_H}: 'attention' keeps the baseline's d_model and L, "
                                                "varying only K (d_h follows from the budget).", show_default=False)]
 
 # name -> (annotation, default): the signature ``with_space_options`` adds to a command
 SPACE_PARAMETERS: dict[str, tuple[Any, Any]] = {
-    "space": (SpaceOpt, "prism"), "layers": (LayersOpt, None), "d_model": (DModelOpt, None),
+    "space": (SpaceOpt, Space.prism), "layers": (LayersOpt, None), "d_model": (DModelOpt, None),
     "heads": (HeadsOpt, None), "vocab": (VocabOpt, None), "tie_embeddings": (TieOpt, None),
     "ffn_hidden": (FFNHiddenOpt, None), "min_plateau": (MinPlateauOpt, None), "max_plateau": (MaxPlateauOpt, None),
     "min_baseline": (MinBaselineOpt, None), "hw_aligned": (HWAlignedOpt, False), "min_head_dim": (MinHeadDimOpt, None),
@@ -107,7 +108,7 @@ def space_options_from_cli(**kwargs: Any) -> SpaceOptions:
     unknown = sorted(set(kwargs) - set(OPTION_NAMES))
     if unknown:
         raise TypeError(f"unknown space option(s): {', '.join(unknown)}")
-    values = {name: kwargs.get(name) for name in OPTION_NAMES}
+    values = {name: plain(kwargs.get(name)) for name in OPTION_NAMES}
     values["space"] = values["space"] or "prism"
     values["hw_aligned"] = values["hw_aligned"] or None
     if values["budget"] is not None:
@@ -122,12 +123,6 @@ def space_options_from_cli(**kwargs: Any) -> SpaceOptions:
     return SpaceOptions(**values)
 
 
-def fail(error: UsageError) -> typer.Exit:
-    """Print a usage error as one line on stderr; the caller raises the returned ``Exit(2)``."""
-    typer.echo(f"error: {error}", err=True)
-    return typer.Exit(2)
-
-
 def with_space_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """Give a typer command every shape option; it receives them parsed, as ``opts: SpaceOptions``."""
     own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "opts"]
@@ -136,21 +131,11 @@ def with_space_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(command)
     def wrapper(**kwargs: Any) -> Any:
-        try:
-            opts = space_options_from_cli(**{name: kwargs.pop(name) for name in SPACE_PARAMETERS})
-        except UsageError as error:
-            raise fail(error) from None
+        opts = space_options_from_cli(**{name: kwargs.pop(name) for name in SPACE_PARAMETERS})
         return command(opts=opts, **kwargs)
 
     wrapper.__signature__ = inspect.Signature(own + extra)  # type: ignore[attr-defined]
     return wrapper
-
-
-def _build(opts: SpaceOptions) -> SearchSpace:
-    try:
-        return build_space(opts)
-    except UsageError as error:
-        raise fail(error) from None
 
 
 def _report_unmatched(space: SearchSpace, each: bool = True) -> None:
@@ -208,7 +193,7 @@ def _print_csv(rows: Iterable[dict[str, Any]]) -> None:
 
 
 # ----------------------------------------------------------------- commands
-FormatOpt = Annotated[str, typer.Option("--format", help="table, json or csv.")]
+FormatOpt = Annotated[ListFormat, typer.Option("--format", help="Output format.")]
 LimitOpt = Annotated[Optional[int], typer.Option("--limit", help="List at most N members.", show_default=False)]
 ScheduleOpt = Annotated[Optional[str], typer.Option("--schedule", help="Head counts per layer, 3,3,6,6,12,... or "
                                                     "3x2,6x2,12x8 (prism; joint: its baseline shape).",
@@ -221,24 +206,22 @@ ConfigOpt = Annotated[Optional[str], typer.Option("--config", help="An ArchConfi
 @with_space_options
 def count_command(opts: SpaceOptions) -> None:
     """Print the exact number of members (a bare integer)."""
-    space = _build(opts)
+    space = build_space(opts)
     typer.echo(space.count())
     _report_unmatched(space, each=False)
 
 
 @space_app.command("list")
 @with_space_options
-def list_command(opts: SpaceOptions, format: FormatOpt = "table", limit: LimitOpt = None) -> None:
+def list_command(opts: SpaceOptions, format: FormatOpt = ListFormat.table, limit: LimitOpt = None) -> None:
     """List the members, baseline first, as an aligned table, a JSON array or CSV."""
-    if format not in ("table", "json", "csv"):
-        raise fail(UsageError(f"unknown --format {format!r}; choose table, json or csv"))
     if limit is not None and limit < 0:
-        raise fail(UsageError(f"--limit {limit} is invalid: give a count >= 0"))
-    space = _build(opts)
+        raise UsageError(f"--limit {limit} is invalid: give a count >= 0")
+    space = build_space(opts)
     rows = (space.row(arch) for arch in islice(space, limit))
-    if format == "json":
+    if format.value == "json":
         _print_json(rows)
-    elif format == "csv":
+    elif format.value == "csv":
         _print_csv(rows)
     else:
         _print_table(space.table_columns, rows)
@@ -249,24 +232,18 @@ def list_command(opts: SpaceOptions, format: FormatOpt = "table", limit: LimitOp
 @with_space_options
 def show_command(opts: SpaceOptions, schedule: ScheduleOpt = None, config: ConfigOpt = None) -> None:
     """Check one shape: print its description if it is a member, else every reason it is not (exit 1)."""
-    space = _build(opts)
-    try:
-        if (schedule is None) == (config is None):
-            raise UsageError("give exactly one of --schedule 3,3,6,6,12,... or --config arch.json")
-        if config is not None:
-            with open(config, encoding="utf-8") as f:
-                arch = ArchConfig.from_json(f.read())
-        else:
-            prism = _prism_of(space)
-            heads = parse_schedule(schedule)
-            reasons = prism.validate_schedule(heads)
-            if reasons:
-                _print_invalid(reasons)
-            arch = prism.member(heads)
-    except (OSError, json.JSONDecodeError) as error:
-        raise fail(UsageError(f"--config {config!r} cannot be read: {error}")) from None
-    except UsageError as error:
-        raise fail(error) from None
+    space = build_space(opts)
+    if (schedule is None) == (config is None):
+        raise UsageError("give exactly one of --schedule 3,3,6,6,12,... or --config arch.json")
+    if config is not None:
+        arch = read_arch_config(config)
+    else:
+        prism = _prism_of(space)
+        heads = parse_schedule(schedule)
+        reasons = prism.validate_schedule(heads)
+        if reasons:
+            _print_invalid(reasons)
+        arch = prism.member(heads)
     reasons = space.validate(arch)
     if reasons:
         _print_invalid(reasons)

@@ -1,0 +1,66 @@
+"""How the command line fails: every usage error is one line on stderr and exit code 2.
+
+Commands raise ``nas.errors.UsageError`` (the library's one error type for bad input) and
+never catch it; ``OneLineErrors``, the root group of the ``nas`` app, renders it, and renders
+the framework's own usage errors (an unknown choice, a missing option) the same way instead
+of click's usage block.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import typer
+from typer.core import TyperGroup
+
+from nas.errors import UsageError
+
+USAGE_EXIT_CODE = 2
+
+
+def print_error(message: str) -> None:
+    """``error: <message>`` as one line on stderr (a multi-line message is joined)."""
+    message = " ".join(message.split()).replace("Value error, ", "")  # the framework's coercion prefixes its own
+    typer.echo("error: " + message, err=True)
+
+
+class OneLineErrors(TyperGroup):
+    """The root command group: runs the command, then turns a usage error into one line and exit code 2."""
+
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True, **extra: Any) -> Any:
+        try:
+            # non-standalone: exceptions come back to us, and an Exit(n) comes back as its code n
+            code = super().main(args=args, prog_name=prog_name, complete_var=complete_var, standalone_mode=False,
+                                **extra)
+        except UsageError as error:
+            print_error(str(error))
+            code = USAGE_EXIT_CODE
+        except typer.TyperException as error:  # the framework's: bad choice, no such option, missing value ...
+            if type(error).__name__ == "NoArgsIsHelpError":  # `nas` or `nas space` alone: the help, as usual
+                error.show()  # type: ignore[attr-defined]
+            else:
+                print_error(_with_given_value(error.format_message(), error, args))
+            code = getattr(error, "exit_code", USAGE_EXIT_CODE)
+        except typer.Abort:
+            print_error("aborted")
+            code = 1
+        if not standalone_mode:
+            return code
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+def _with_given_value(message: str, error: Exception, args: Sequence[str] | None) -> str:
+    """Name the value the user typed when the framework's message does not (``'many' is not a valid integer``)."""
+    opts = getattr(getattr(error, "param", None), "opts", None) or []
+    argv = list(sys.argv[1:] if args is None else args)
+    for i, arg in enumerate(argv):
+        for opt in opts:
+            value = argv[i + 1] if arg == opt and i + 1 < len(argv) else \
+                arg[len(opt) + 1:] if arg.startswith(opt + "=") else None
+            if value is not None and repr(value) not in message:
+                return message.replace(f"'{opt}'", f"'{opt}' ({value!r})", 1) if f"'{opt}'" in message \
+                    else f"{message} (got {value!r})"
+    return message

@@ -1,0 +1,79 @@
+"""``nas version``, ``nas presets``, ``nas dashboard`` and ``nas bench``: the commands around a search."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+import nas
+from nas.cli.app import app
+from nas.cli.options import StorageOpt, choices
+from nas.errors import UsageError
+from nas.study.config import DEFAULT_STORAGE
+
+BenchDevice = choices("BenchDevice", ("cpu", "cuda"))
+
+
+@app.command()
+def version() -> None:
+    """Print the prism-nas version and the versions of its main libraries."""
+    import optuna
+    import torch
+
+    typer.echo(f"prism-nas {nas.__version__} (torch {torch.__version__}, optuna {optuna.__version__}, "
+               f"python {sys.version.split()[0]})")
+
+
+@app.command()
+def presets() -> None:
+    """List the proxy and full-scale presets: baseline shape, exact parameter count and training budget."""
+    from runners.presets import PRESETS
+
+    for p in PRESETS.values():
+        b, t = p.baseline, p.train
+        typer.echo(f"{p.name:<15} L{b.n_layers} d{b.d_model} h{b.heads[0]} V{b.vocab_size} ffn{b.ffn.hidden} "
+                   f"({b.n_params()['total']:,} params) | {t.tokens:,} tokens, B{t.batch_size} T{t.seq_len}, "
+                   f"lr {t.lr:g}, {t.device}/{t.dtype} | {p.description}")
+
+
+@app.command()
+def dashboard(
+    storage: StorageOpt = DEFAULT_STORAGE,
+    port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 8080,
+    host: Annotated[str, typer.Option("--host", help="Interface to listen on (127.0.0.1: this machine only).")]
+    = "127.0.0.1",
+) -> None:
+    """Serve optuna-dashboard for the storage (live view of running studies)."""
+    from optuna_dashboard import run_server
+
+    from nas.study.storage import make_storage
+
+    if not 0 < port < 65536:
+        raise UsageError(f"--port {port} is invalid: use 1-65535")
+    store = make_storage(storage)
+    typer.echo(f"optuna-dashboard for {storage} on http://{host}:{port}/ (Ctrl-C stops)", err=True)
+    run_server(store, host=host, port=port)
+
+
+@app.command()
+def bench(
+    smoke: Annotated[bool, typer.Option("--smoke", help="A few steps per figure: checks the harness, measures "
+                                        "nothing (< 60 s).")] = False,
+    only: Annotated[str, typer.Option("--only", help="Comma-separated figure numbers or names, e.g. 1,2 or "
+                                      "vs_hf (default: all).")] = "",
+    out: Annotated[str, typer.Option("--out", help="Folder for benchmarks.md and benchmarks.json.")] = "bench-out",
+    threads: Annotated[int, typer.Option("--threads", help="Torch threads (0: every usable core).")] = 0,
+    device: Annotated[BenchDevice, typer.Option("--device", help="cpu, or cuda (figures 1-4 then run in bf16).")]
+    = BenchDevice.cpu,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of models and data.")] = 0,
+    cache_dir: Annotated[Optional[str], typer.Option("--cache-dir", help="Data cache (default $NAS_CACHE or the "
+                                                     "user cache).", show_default=False)] = None,
+) -> None:
+    """Measure the speed claims as same-run ratios (benchmarks/RESULTS.md): as `python -m benchmarks`."""
+    from benchmarks.__main__ import main as bench_main
+
+    argv = ["--out", out, "--threads", str(threads), "--device", device.value, "--seed", str(seed)]
+    argv += ["--smoke"] * smoke + (["--only", only] if only else []) + (["--cache-dir", cache_dir] if cache_dir else [])
+    raise typer.Exit(bench_main(argv))
