@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import shlex
 import sys
 import time
 import traceback
 
 from benchmarks import FIGURES
-from nas.errors import UsageError
 from benchmarks.harness import BenchConfig, Figure, machine_info, reexec_with_env, set_threads, verdict, write_outputs
+from nas.errors import UsageError
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -46,11 +47,26 @@ def selected(only: str) -> list[tuple[int, str]]:
     return chosen
 
 
+# what a figure needs beyond prism-nas itself: the `bench` extra (pip install -e ".[bench]")
+REQUIRES = {"vs_hf": ("transformers",)}
+
+
+def check_requirements(chosen: list[tuple[int, str]]) -> None:
+    """``UsageError`` naming the extra when a chosen figure needs a package that is not installed."""
+    for number, name in chosen:
+        missing = [m for m in REQUIRES.get(name, ()) if importlib.util.find_spec(m) is None]
+        if missing:
+            others = ",".join(str(n) for n, other in chosen if other != name) or "another figure"
+            raise UsageError(f"figure {number} ({name}) needs the Python package {missing[0]!r}: "
+                             f"pip install -e '.[bench]' (or leave it out: --only {others})")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     try:
         chosen = selected(args.only)
+        check_requirements(chosen)
         if args.threads < 0 or args.device not in ("cpu", "cuda"):
             raise UsageError(f"--threads {args.threads} / --device {args.device!r} is invalid: threads >= 0 "
                              "(0 = every usable core), device cpu or cuda")

@@ -18,8 +18,9 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 # glibc keeps freed buffers instead of returning them to the OS and zero-filling them again
 # every step (docs: cpu-measurements.md, +10-23 % on CPU at large vocabularies). OpenMP's wait

@@ -79,7 +79,8 @@ def study_overhead(result, trials: int, cache_dir: str | None, preset: str) -> t
     from nas.study.parallel import run_search
 
     if not hasattr(study_module, "run_proxy"):
-        raise RuntimeError("nas.study.trial.run_proxy is gone: update benchmarks/overhead.py to stub the new training call")
+        raise RuntimeError("nas.study.trial.run_proxy is gone: update benchmarks/overhead.py to stub the new "
+                           "training call")
 
     def stub(arch, train, data, report=None):
         offset = (zlib.crc32(arch.key().encode()) % 1000) / 1e4  # a stable per-shape loss difference for the sampler
@@ -150,7 +151,8 @@ def run(cfg: BenchConfig) -> Figure:
         target=f"<= {TARGET:.0%} of a default trial",
         method=("one real trial of the baseline with the preset's TrainConfig (runners.proxy.run, builtin data); "
                 "training = the run's train_time_s; pieces re-timed separately on the same model and data "
-                "(median of repeats); 'rest' = wall - training - pieces; study cost = a default nas.study.parallel.run_search "
+                "(median of repeats); 'rest' = wall - training - pieces; study cost = a default "
+                "nas.study.parallel.run_search "
                 "(SearchConfig(): 200 trials, TPE, median pruner, SQLite) with training replaced by a replay of the "
                 "real trial's result (de-duplication, heartbeats, attribute writes included), seconds per counted "
                 f"trial over trials {study_trials // 2}-{study_trials}; one warm-up run before the measured trial"),

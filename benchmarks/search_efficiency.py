@@ -45,9 +45,11 @@ from benchmarks.harness import BenchConfig, Figure
 TARGET = 3.0
 MAX_DUPLICATE_STREAK = 10  # as nas.study: after this many duplicates in a row, one random proposal
 MAX_PROPOSALS = 5_000  # a replayed search that has not found a target by then is a miss
-SPACE_OPTIONS = dict(layers=4, d_model=32, heads=4, vocab_size=256, tolerance=0.01)  # the tiny preset's shape
-SMOKE_SPACE_OPTIONS = dict(layers=2, d_model=32, heads=4, vocab_size=256, k_values=(1, 2), layer_values=(1, 2),
-                           ratio_values=(0.5, 1.0), tolerance=0.05)
+# the tiny preset's shape
+SPACE_OPTIONS = {"layers": 4, "d_model": 32, "heads": 4, "vocab_size": 256, "tolerance": 0.01}
+SMOKE_SPACE_OPTIONS = {"layers": 2, "d_model": 32, "heads": 4, "vocab_size": 256, "k_values": (1, 2),
+                       "layer_values": (1, 2),
+                           "ratio_values": (0.5, 1.0), "tolerance": 0.05}
 
 
 @dataclass(frozen=True)

@@ -38,8 +38,9 @@ def run(cfg: BenchConfig) -> Figure:
     rows = []
     for d_model, h_base in widths:
         for layers in depths:
-            count_s, count = _median_seconds(lambda: PrismSpace(layers, d_model, h_base).count(), reps)
-            enum_s, members = _median_seconds(lambda: sum(1 for _ in PrismSpace(layers, d_model, h_base)),
+            shape = (layers, d_model, h_base)
+            count_s, count = _median_seconds(lambda shape=shape: PrismSpace(*shape).count(), reps)
+            enum_s, members = _median_seconds(lambda shape=shape: sum(1 for _ in PrismSpace(*shape)),
                                               1 if cfg.smoke else 3)
             assert members == count, f"count {count} != enumerated {members} at L={layers} d={d_model}"
             rows.append({"L": layers, "d_model": d_model, "h_base": h_base, "members": count,

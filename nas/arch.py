@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from nas.errors import UsageError
 
@@ -185,11 +186,12 @@ class ArchConfig:
         return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ArchConfig":
+    def from_dict(cls, data: dict[str, Any]) -> ArchConfig:
         known = {"n_layers", "d_model", "heads", "ffn", "vocab_size", "tie_embeddings", "rope_theta", "norm_eps"}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise UsageError(f"unknown ArchConfig field(s) {', '.join(unknown)}; valid fields are {', '.join(sorted(known))}")
+            raise UsageError(f"unknown ArchConfig field(s) {', '.join(unknown)}; "
+                             f"valid fields are {', '.join(sorted(known))}")
         data = dict(data)
         ffn = data.get("ffn")
         if isinstance(ffn, dict):
@@ -197,10 +199,10 @@ class ArchConfig:
         return cls(**data)
 
     @classmethod
-    def from_json(cls, text: str) -> "ArchConfig":
+    def from_json(cls, text: str) -> ArchConfig:
         return cls.from_dict(json.loads(text))
 
-    def replace(self, **changes: Any) -> "ArchConfig":
+    def replace(self, **changes: Any) -> ArchConfig:
         data = self.to_dict()
         data.update(changes)
         return ArchConfig.from_dict(data)

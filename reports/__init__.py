@@ -1,1 +1,1 @@
-"""Turn a study (or its DataFrame) into tables, figures and one HTML page."""
+"""Read a study from its storage and present it: the leaderboard of shapes ranked by their mean over seeds."""

@@ -24,7 +24,7 @@ class TrainConfig:
     beta2: float = 0.95
     grad_clip: float = 1.0  # global gradient-norm clip
     eval_every: int = 16_384  # tokens between validation evaluations (pruning points)
-    eval_tokens: int = 8_192  # validation tokens of the final evaluation (the score): a fixed, ordered slice
+    eval_tokens: int = 8_192  # validation tokens of the final evaluation (the score): fixed windows, spread
     prune_eval_tokens: int = 0  # validation tokens of the intermediate evaluations (pruning points); 0 = eval_tokens
     attention_batches: int = 1  # validation batches used for the per-layer attention distance
     diverge_factor: float = 2.0  # diverged when the train loss exceeds this multiple of its first value
@@ -59,7 +59,7 @@ class TrainConfig:
         """Optimiser steps: the token budget in whole batches (at least one)."""
         return max(1, self.tokens // self.tokens_per_step)
 
-    def with_(self, **changes: Any) -> "TrainConfig":
+    def with_(self, **changes: Any) -> TrainConfig:
         return replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
@@ -69,7 +69,7 @@ class TrainConfig:
         return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:

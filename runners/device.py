@@ -6,6 +6,7 @@ import contextlib
 import os
 import resource
 import sys
+from pathlib import Path
 
 import torch
 
@@ -50,15 +51,40 @@ def autocast(device: torch.device, dtype: str) -> contextlib.AbstractContextMana
     return contextlib.nullcontext()
 
 
+_CLEAR_REFS = Path("/proc/self/clear_refs")  # Linux: writing "5" resets the peak resident set size (VmHWM)
+_STATUS = Path("/proc/self/status")
+
+
 def reset_peak_memory(device: torch.device) -> None:
+    """Start a new peak: CUDA's allocator statistics, or (Linux) the process's peak resident set size."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        _CLEAR_REFS.write_text("5")
+    except OSError:  # not Linux, or not allowed: the peak stays the process's lifetime peak
+        return
+
+
+def _status_kib(field: str) -> int | None:
+    """A ``VmXXX:  1234 kB`` line of ``/proc/self/status`` in KiB; None where there is none."""
+    try:
+        for line in _STATUS.read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def peak_memory_mb(device: torch.device) -> float:
-    """CUDA: peak allocated since the last reset. CPU: the process's peak resident set size."""
+    """CUDA: peak allocated since the last reset. CPU: peak resident set size since the last reset on Linux
+    (``reset_peak_memory``), the process's lifetime peak elsewhere."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
+    peak = _status_kib("VmHWM")
+    if peak is not None:
+        return peak / 2**10
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss / 2**20 if sys.platform == "darwin" else rss / 2**10
 

@@ -1,12 +1,12 @@
 """Named proxy and target setups: a baseline shape (what the search space is built around) plus a ``TrainConfig``.
 
 ``cpu`` (the default) is sized so that ``nas search --space prism --trials 200`` fits in
-about 30 minutes on 2 CPU cores: GPT-2 small's *structure* (12 layers, 12 baseline heads,
-hence the Prism paper's 129-schedule space) at width 96 (the largest width below 192 that
-keeps every head count 1, 2, 3, 4, 6, 8, 12 a divisor), byte-level vocabulary, context 128,
-32k training tokens per trial. Measured on the 2-core CPU (see README, "Choosing the proxy"):
-200 trials in 21.4 minutes; validation loss falls from ln 256 = 5.55 to about 2.9 nats/byte per trial. ``cpu-long``
-trains 8x longer for rankings that must resolve finer differences. The ``gpt2-*``,
+well under half an hour on 2 CPU cores (README, "Choosing the proxy", has the timings):
+GPT-2 small's *structure* (12 layers, 12 baseline heads, hence the Prism paper's 129-schedule
+space) at width 96 (the largest width below 192 that keeps every head count 1, 2, 3, 4, 6, 8, 12
+a divisor), byte-level vocabulary, context 128, 32k training tokens per trial; validation loss
+falls from ln 256 = 5.55 to about 2.9 nats/byte. ``cpu-long`` trains 8x longer for rankings
+that must resolve finer differences. The ``gpt2-*``,
 ``prism-757m`` and ``hourglass-113m`` presets are the papers' real scales, for GPUs.
 """
 
@@ -34,7 +34,7 @@ _GPU_TRAIN = TrainConfig(batch_size=32, seq_len=1024, lr=6e-4, warmup_frac=0.02,
 
 PRESETS: dict[str, Preset] = {p.name: p for p in (
     Preset("cpu", "GPT-2 small structure (12 layers x 12 heads) at width 96, bytes, 32k tokens/trial: "
-           "~200 trials in 30 min on 2 cores",
+           "200 trials in 6-18 min on 2 cores",
            uniform(12, 96, 12, 256), _CPU_TRAIN),
     Preset("cpu-long", "the cpu shape trained 8x longer (256k tokens/trial) for finer rankings",
            uniform(12, 96, 12, 256), _CPU_TRAIN.with_(tokens=262_144, eval_every=65_536, lr=6e-3)),

@@ -1,8 +1,9 @@
 """The proxy runner: train one ``ArchConfig`` on a fixed token budget and score it.
 
 Every trial of a study sees the same number of training tokens drawn in the same order
-(seeded), and is scored on the same ordered validation slice, so trials differ only by
-shape (and by seed for replicates). AdamW with linear warmup and cosine decay, global
+(seeded), and is scored on the same validation windows, spread evenly over the whole
+validation split (``nas.data.validation_batches``), so trials differ only by shape (and by
+seed for replicates). AdamW with linear warmup and cosine decay, global
 gradient clipping, early stop on divergence, out-of-memory reported rather than raised.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -95,7 +96,7 @@ def final_evaluation(model: Transformer, batches: list[tuple[torch.Tensor, torch
     batches' rows; the rest go through ``evaluate``. The loss is the mean over all batches,
     equal to ``evaluate``'s up to float rounding; ``D_l`` is over the analysed batches (empty when
     ``attention_batches`` is 0). One merged forward instead of an explicit-attention pass
-    plus an ordinary one: 127 -> 93 ms for the default proxy's 1024 tokens.
+    plus an ordinary one (timings: benchmarks/RESULTS.md, "Design measurements").
     """
     n = min(attention_batches, len(batches))
     if n == 0:
@@ -140,7 +141,7 @@ def run(arch: ArchConfig, cfg: TrainConfig, data: TokenData, report: ReportFn | 
         torch.manual_seed(cfg.seed)
         model = Transformer(arch).to(device)
         _train(model, cfg, data, val, device, report, result)
-    except Exception as error:  # noqa: BLE001 - only out-of-memory is a result; the rest re-raises
+    except Exception as error:
         if not is_out_of_memory(error):
             raise
         result.status, result.reason = "oom", f"out of memory: {str(error).splitlines()[0][:200]}"
@@ -159,7 +160,8 @@ def _train(model: Transformer, cfg: TrainConfig, data: TokenData, val: list, dev
     forward = torch.compile(model) if cfg.compile else model
     sampler = BatchSampler(data.train, cfg.batch_size, cfg.seq_len, cfg.seed)
     eval_interval = max(1, cfg.eval_every // cfg.tokens_per_step)
-    # intermediate evaluations read the first batches of the same ordered slice: cheap, and equal for every trial
+    # intermediate evaluations read the first batches of the same spread windows (themselves spread over the
+    # split): cheap, and equal for every trial
     n_prune_batches = max(1, (cfg.prune_eval_tokens or cfg.eval_tokens) // cfg.tokens_per_step)
     curve_stride = max(1, steps // MAX_CURVE_POINTS)
     first_loss: float | None = None

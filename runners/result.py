@@ -23,7 +23,7 @@ class TrialResult:
     tokens_per_s: float = 0.0  # training throughput, evaluation excluded
     train_time_s: float = 0.0
     wall_time_s: float = 0.0  # everything: build, training, evaluation, analysis
-    peak_memory_mb: float = 0.0  # CUDA: max allocated; CPU: the process's peak resident set
+    peak_memory_mb: float = 0.0  # CUDA: max allocated; CPU: the run's peak resident set (Linux)
     params: dict[str, int] = field(default_factory=dict)
     flops_per_token: int = 0
     attention_distance: list[float] = field(default_factory=list)  # per layer, mean |i - j| under attention
@@ -53,7 +53,7 @@ class TrialResult:
         return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "TrialResult":
+    def from_dict(cls, data: dict[str, Any]) -> TrialResult:
         data = {k: v for k, v in data.items() if k not in ("val_ppl", "diverged")}
         data["eval_curve"] = [tuple(p) for p in data.get("eval_curve", [])]
         data["train_curve"] = [tuple(p) for p in data.get("train_curve", [])]

@@ -16,8 +16,8 @@ from search_spaces.hourglass import HourglassSpace
 from search_spaces.joint import JointSpace
 from search_spaces.prism import PrismSpace
 
-# The CPU proxy's shape: GPT-2 small's depth and head count (12 x 12) at an eighth of its width (head counts 1-12 all divide 96),
-# byte-level vocabulary, tied embeddings, conventional LLaMA FFN (hidden 512).
+# The CPU proxy's shape: GPT-2 small's depth and head count (12 x 12) at an eighth of its width (head counts 1, 2,
+# 3, 4, 6, 8, 12 all divide 96), byte-level vocabulary, tied embeddings, conventional LLaMA FFN (hidden 256).
 DEFAULT_BASELINE = uniform(n_layers=12, d_model=96, n_heads=12, vocab_size=256)
 
 SPACES = ("prism", "hourglass", "joint")

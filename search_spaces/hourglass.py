@@ -1,6 +1,7 @@
 """Hourglass FFN shapes, every member matched to one parameter budget.
 
-Paper: Hourglass FFN, stacks of wide-narrow-wide residual sub-MLPs (docs/papers.md, section 2).
+Paper: Hourglass FFN, stacks of ``K`` wide-narrow-wide residual SwiGLU sub-MLPs ``d -> d_h -> d`` with
+``d_h < d``, budgets matched to within 0.001 %, the saved parameters re-spent on width, depth or attention.
 A member has ``K`` SwiGLU sub-MLPs ``d_model -> d_h -> d_model`` per layer, ``d_model / head_dim``
 heads in every layer, and the exact parameter count of ``nas.arch.ArchConfig.n_params``
 
@@ -150,7 +151,8 @@ class HourglassSpace(SearchSpace):
 
     # ----------------------------------------------------------------- the solver
     def _arch(self, layers: int, d_model: int, k: int, d_h: int) -> ArchConfig:
-        return uniform(layers, d_model, d_model // self.head_dim, self.vocab_size, FFNShape(k, d_h), self.tie_embeddings)
+        heads = d_model // self.head_dim
+        return uniform(layers, d_model, heads, self.vocab_size, FFNShape(k, d_h), self.tie_embeddings)
 
     def deviation(self, arch: ArchConfig) -> float:
         """Signed relative distance of the exact parameter count from the budget."""
@@ -278,7 +280,8 @@ class HourglassSpace(SearchSpace):
         if arch.d_model % self.head_dim:
             reasons.append(f"d_model={arch.d_model} is not a multiple of head_dim={self.head_dim}")
         elif set(arch.heads) != {arch.d_model // self.head_dim}:
-            reasons.append(f"hourglass members have d_model/head_dim = {arch.d_model // self.head_dim} heads in every layer")
+            reasons.append(f"hourglass members have d_model/head_dim = {arch.d_model // self.head_dim} heads "
+                           "in every layer")
         if abs(self.deviation(arch)) > self.tolerance:
             reasons.append(f"{arch.n_params()['total']:,} parameters is {self.deviation(arch):+.3%} off the budget "
                            f"{self.budget:,} (tolerance ±{self.tolerance:.3%})")

@@ -45,8 +45,8 @@ class JointSpace(SearchSpace):
         min_head_dim: int | None = None,
     ) -> None:
         self.hourglass = hourglass
-        self.prism_options = dict(min_plateau=min_plateau, max_plateau=max_plateau, min_baseline=min_baseline,
-                                  hw_aligned=hw_aligned, min_head_dim=min_head_dim)
+        self.prism_options = {"min_plateau": min_plateau, "max_plateau": max_plateau, "min_baseline": min_baseline,
+                                  "hw_aligned": hw_aligned, "min_head_dim": min_head_dim}
         _ = self._prisms  # build every width now, so bad Prism options fail at construction
 
     @cached_property
@@ -113,6 +113,7 @@ class JointSpace(SearchSpace):
         row = self.hourglass.row(shape)
         prism_row = self._prisms[shape.key()].row(arch)
         row.update({key: prism_row[key] for key in ("heads", "plateaus", "head_dims", "n_plateaus", "baseline_layers")})
-        row["kind"] = "baseline" if arch == self.baseline() else row["kind"] + ("" if prism_row["is_baseline"] else "+prism")
+        suffix = "" if prism_row["is_baseline"] else "+prism"
+        row["kind"] = "baseline" if arch == self.baseline() else row["kind"] + suffix
         row["key"] = arch.key()
         return row

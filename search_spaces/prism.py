@@ -1,6 +1,7 @@
 """Prism Transformer head schedules: non-decreasing staircases of attention-head counts.
 
-Paper: Prism Transformer, progressive attention-head schedules (docs/papers.md, section 1).
+Paper: Prism Transformer, progressive attention-head schedules (non-decreasing ``h_1 <= ... <= h_L``; its
+grid search found staircases that keep a head dim 2-4 layers and the baseline count in >= L/2 layers).
 Exact validity rule (ours), defaults in brackets:
 
 - allowed head counts are the divisors ``h`` of ``d_model`` with ``h <= h_base``; the ones below
@@ -154,7 +155,8 @@ class PrismSpace(SearchSpace):
             for j in range(1, self.max_plateaus + 1):
                 ways[p][j] = sum(ways[p - n][j - 1] for n in range(self.min_plateau, min(self.max_plateau, p) + 1))
         m = len(self.candidates)
-        return sum(ways[p][j] * math.comb(m, j) for p in range(self.prefix_max + 1) for j in range(self.max_plateaus + 1))
+        return sum(ways[p][j] * math.comb(m, j)
+                   for p in range(self.prefix_max + 1) for j in range(self.max_plateaus + 1))
 
     def count(self) -> int:
         return self._count
@@ -207,7 +209,8 @@ class PrismSpace(SearchSpace):
         return reasons + self.validate_schedule(arch.heads)
 
     # ----------------------------------------------------------------- sampling
-    def suggest_schedule(self, trial: BaseTrial, n_cap: int | None = None, rank_cap: int | None = None) -> tuple[int, ...]:
+    def suggest_schedule(self, trial: BaseTrial, n_cap: int | None = None,
+                         rank_cap: int | None = None) -> tuple[int, ...]:
         """Sample a valid schedule from learnable parameters, repairing out-of-range ones deterministically.
 
         Parameters: ``n_plateaus`` in ``[0, n_cap]`` and, for plateau ``i`` = 1..n, ``plateau_{i}_len``

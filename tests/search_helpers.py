@@ -8,8 +8,8 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -148,7 +148,8 @@ def child_pids(pid: int) -> list[int]:
 
 
 def open_storage_at(url: str, start_at: float, out: str) -> None:
-    """A worker process for the first-start race: open ``url`` at ``start_at``; "ok" or the one-line error to ``out``."""
+    """A worker process for the first-start race: open ``url`` at ``start_at``; "ok" or the one-line error
+    to ``out``."""
     from nas.errors import UsageError
     from nas.study.storage import make_storage
 

@@ -13,18 +13,18 @@ import optuna
 import pytest
 from optuna.study import StudyDirection
 from optuna.trial import TrialState
+from search_helpers import TINY, assert_no_repeated_work, counted, load_trials, run_nas, sqlite_url
 from typer.testing import CliRunner
 
 import runners.device
-from runners.presets import get_preset
 from nas.arch import uniform
 from nas.cli import app
 from nas.cli.progress import Progress
 from nas.study.config import SearchConfig
 from nas.study.parallel import run_search
 from nas.study.session import make_sampler
-from nas.study.worker import summary, TrialEvent
-from search_helpers import SPACE5, TINY, assert_no_repeated_work, counted, load_trials, run_nas, sqlite_url
+from nas.study.worker import TrialEvent, summary
+from runners.presets import get_preset
 from search_spaces.factory import SpaceOptions
 
 
@@ -167,6 +167,24 @@ def test_best_table_lists_every_shape_and_marks_the_baseline(small_study):
     assert invoke("best", "--storage", storage).stdout == result.stdout
 
 
+@pytest.mark.slow
+def test_a_best_json_row_is_a_valid_train_config(small_study, tmp_path):
+    """`nas best --format json > best.json; nas train --config best.json [--rank N]` trains that shape."""
+    storage, name, _ = small_study
+    board = invoke("best", "--study-name", name, "--storage", storage, "--format", "json").stdout
+    (tmp_path / "best.json").write_text(board)
+    rows = json.loads(board)
+    for rank in (1, 3):
+        out = tmp_path / f"rank{rank}.json"
+        result = invoke("train", "--config", str(tmp_path / "best.json"), "--rank", str(rank), "--preset", "tiny",
+                        "--tokens", "1024", "-o", str(out))
+        assert result.exit_code == 0, result.output
+        assert json.loads(out.read_text())["arch"] == rows[rank - 1]["arch"]
+    (tmp_path / "row.json").write_text(json.dumps(rows[1]))  # one row on its own
+    result = invoke("train", "--config", str(tmp_path / "row.json"), "--preset", "tiny", "--tokens", "1024")
+    assert result.exit_code == 0 and json.loads(result.stdout)["arch"] == rows[1]["arch"]
+
+
 def test_best_with_a_bad_study_or_format_is_one_line_and_exit_2(tmp_path):
     storage = sqlite_url(tmp_path / "empty.db")
     optuna.create_study(storage=storage, study_name="other")
@@ -186,16 +204,20 @@ def test_several_objectives_default_to_nsga2_and_no_pruning():
 
 @pytest.mark.slow
 def test_objectives_loss_params_gives_a_two_objective_study_with_a_pareto_front(tmp_path, one_thread):
+    # the hourglass grid: members' parameter counts differ (within the budget tolerance), so loss against params is
+    # a real trade-off (every Prism schedule of a shape has the same count, which would make a front of one point)
     storage = sqlite_url(tmp_path / "pareto.db")
-    result = invoke("search", *SPACE5, *TINY, "--trials", "4", "--objectives", "loss,params", "--storage", storage)
+    result = invoke("search", "--space", "hourglass", *TINY, "--tokens", "2048", "--trials", "5",
+                    "--objectives", "loss,params", "--storage", storage)
     assert result.exit_code == 0, result.output
     (name,) = [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)]
     study = optuna.load_study(study_name=name, storage=storage)
     assert study.directions == [StudyDirection.MINIMIZE, StudyDirection.MINIMIZE]
     trials = study.get_trials(deepcopy=False)
-    assert_no_repeated_work(trials, 4)
+    assert_no_repeated_work(trials, 5)
     done = counted(trials)
     assert all(t.state == TrialState.COMPLETE for t in done)  # Optuna prunes single-objective studies only
+    assert len({t.values[1] for t in done}) > 1  # shapes of different sizes
     for t in done:
         assert t.values == [t.user_attrs["val_loss"], float(t.user_attrs["params"])]
     front = study.best_trials

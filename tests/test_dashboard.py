@@ -8,12 +8,12 @@ import socket
 import urllib.request
 
 import pytest
+from search_helpers import sqlite_url, start_nas, stop, wait_for
 from typer.testing import CliRunner
 
 from nas.cli import app
 from nas.study.config import SearchConfig
 from nas.study.parallel import run_search
-from search_helpers import sqlite_url, start_nas, stop, wait_for
 from search_spaces.factory import SpaceOptions
 
 

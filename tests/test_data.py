@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import nas.data.sources as sources
-from nas.data.loading import BatchSampler, TokenData, check_enough_tokens, load_data, validation_batches
 from nas.data.cache import cache_root
+from nas.data.loading import BatchSampler, TokenData, check_enough_tokens, load_data, validation_batches
 from nas.data.sources import SEPARATOR, ConcatTokens, is_validation_file
 from nas.errors import UsageError
 

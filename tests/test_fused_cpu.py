@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nas.model import fused_cpu
 from nas.arch import ArchConfig, FFNShape
+from nas.model import fused_cpu
 from nas.model.kernels import RotaryQKV
 from nas.model.transformer import RotaryTable, Transformer
 

@@ -229,3 +229,96 @@ def test_gated_up_projection_matches_autograd_through_the_fused_matmul() -> None
     params = (x, ffn.gate_up.weight, ffn.down.weight)
     for mine, theirs in zip(torch.autograd.grad(ours, params, dy), torch.autograd.grad(reference, params, dy)):
         torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-5 * theirs.abs().max().item())
+
+
+# ----------------------------------------------------------------- per-layer head counts vs an independent reference
+PRISM_HEADS = (1, 2, 4, 8, 16, 32)  # head dims 256, 128, 64, 32, 16, 8 at d_model 256
+
+
+def _hf_decoder_layers(model: Transformer):
+    """One HF ``LlamaDecoderLayer`` per layer, each configured with *that layer's* head count and head dim, holding
+    the layer's weights, with its own ``LlamaRotaryEmbedding``: an independent reference for per-layer schedules
+    (HF's ``LlamaModel`` has one head count for every layer)."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+    arch, layers = model.arch, []
+    for i, (block, h) in enumerate(zip(model.blocks, arch.heads)):
+        config = transformers.LlamaConfig(
+            vocab_size=arch.vocab_size, hidden_size=arch.d_model, intermediate_size=arch.ffn.hidden,
+            num_hidden_layers=arch.n_layers, num_attention_heads=h, num_key_value_heads=h,
+            head_dim=arch.d_model // h, rms_norm_eps=arch.norm_eps, rope_theta=arch.rope_theta,
+            max_position_embeddings=512, attention_bias=False, mlp_bias=False)
+        config._attn_implementation = "sdpa"  # causal when no mask is given
+        layer = LlamaDecoderLayer(config, layer_idx=i)
+        q, k, v = block.attn.qkv.weight.detach().chunk(3, dim=0)
+        gate, up = block.ffns[0].gate_up.weight.detach().chunk(2, dim=0)
+        with torch.no_grad():
+            for target, source in ((layer.self_attn.q_proj.weight, q), (layer.self_attn.k_proj.weight, k),
+                                   (layer.self_attn.v_proj.weight, v), (layer.self_attn.o_proj.weight,
+                                                                         block.attn.out.weight),
+                                   (layer.mlp.gate_proj.weight, gate), (layer.mlp.up_proj.weight, up),
+                                   (layer.mlp.down_proj.weight, block.ffns[0].down.weight),
+                                   (layer.input_layernorm.weight, block.attn_norm.weight),
+                                   (layer.post_attention_layernorm.weight, block.ffn_norms[0].weight)):
+                target.copy_(source.detach())
+        layers.append((layer.train(), LlamaRotaryEmbedding(config)))
+    return layers
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-kernels", "pytorch-ops"])
+@pytest.mark.parametrize("T", [40, 130], ids=["T40-one-block", "T130-two-blocks"])
+def test_a_prism_schedule_matches_hf_decoder_layers_built_per_layer(fused: bool, T: int) -> None:
+    """Layer by layer, a schedule with head dims 256 ... 8 equals HF LLaMA layers each built with that layer's own
+    head count and the same weights: every layer's output, the logits, and every parameter's gradient."""
+    from nas.model import fused_cpu
+
+    arch = ArchConfig(n_layers=len(PRISM_HEADS), d_model=256, heads=PRISM_HEADS, ffn=FFNShape(1, 96),
+                      vocab_size=300, tie_embeddings=True)
+    torch.manual_seed(0)
+    model = Transformer(arch)
+    with torch.no_grad():  # non-trivial norm gains, so a mis-mapped norm would show
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.uniform_(0.5, 1.5)
+    reference = _hf_decoder_layers(model)
+    embed = torch.nn.Embedding.from_pretrained(model.embed.weight.detach().clone(), freeze=False)
+    final_norm = torch.nn.RMSNorm(arch.d_model, eps=arch.norm_eps)
+    with torch.no_grad():
+        final_norm.weight.copy_(model.norm.weight)
+    idx, targets = torch.randint(0, arch.vocab_size, (2, T)), torch.randint(0, arch.vocab_size, (2, T))
+
+    ours_per_layer: list[torch.Tensor] = []
+    hooks = [block.register_forward_hook(lambda module, args, out: ours_per_layer.append(out))
+             for block in model.blocks]
+    with fused_cpu.enabled(fused):
+        ours = model(idx)
+        torch.nn.functional.cross_entropy(ours.view(-1, arch.vocab_size), targets.view(-1)).backward()
+    for hook in hooks:
+        hook.remove()
+
+    x = embed(idx)
+    positions = torch.arange(T).unsqueeze(0)
+    for i, (layer, rotary) in enumerate(reference):
+        x = layer(x, position_ids=positions, position_embeddings=rotary(x, positions))
+        scale = x.abs().max()
+        assert (ours_per_layer[i] - x).abs().max() / scale <= 2e-5, f"layer {i + 1} ({PRISM_HEADS[i]} heads)"
+    theirs = torch.nn.functional.linear(final_norm(x), embed.weight)
+    assert (ours - theirs).abs().max() / theirs.abs().max() <= 2e-5
+    torch.nn.functional.cross_entropy(theirs.view(-1, arch.vocab_size), targets.view(-1)).backward()
+
+    def close(mine: torch.Tensor, ref: torch.Tensor, what: str) -> None:
+        assert (mine - ref).abs().max() <= 1e-4 * ref.abs().max() + 1e-9, what
+
+    close(model.embed.weight.grad, embed.weight.grad, "embedding (tied with the output head)")
+    close(model.norm.weight.grad, final_norm.weight.grad, "final norm")
+    for i, (block, (layer, _)) in enumerate(zip(model.blocks, reference)):
+        attn, mlp = layer.self_attn, layer.mlp
+        close(block.attn.qkv.weight.grad, torch.cat([attn.q_proj.weight.grad, attn.k_proj.weight.grad,
+                                                     attn.v_proj.weight.grad]), f"layer {i + 1} W_QKV")
+        close(block.attn.out.weight.grad, attn.o_proj.weight.grad, f"layer {i + 1} W_O")
+        close(block.ffns[0].gate_up.weight.grad, torch.cat([mlp.gate_proj.weight.grad, mlp.up_proj.weight.grad]),
+              f"layer {i + 1} W_gate, W_up")
+        close(block.ffns[0].down.weight.grad, mlp.down_proj.weight.grad, f"layer {i + 1} W_down")
+        close(block.attn_norm.weight.grad, layer.input_layernorm.weight.grad, f"layer {i + 1} attention norm")
+        close(block.ffn_norms[0].weight.grad, layer.post_attention_layernorm.weight.grad, f"layer {i + 1} FFN norm")

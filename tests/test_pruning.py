@@ -6,7 +6,7 @@ import optuna
 from optuna.trial import TrialState
 
 from nas.study.config import SearchConfig
-from nas.study.session import make_pruner, MEDIAN_STARTUP_TRIALS
+from nas.study.session import MEDIAN_STARTUP_TRIALS, make_pruner
 from runners.config import TrainConfig
 
 STEP = 8_192

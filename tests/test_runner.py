@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
+import resource
+from pathlib import Path
 
 import pytest
 import torch
@@ -73,9 +76,22 @@ def test_result_records_what_the_report_needs(builtin_data) -> None:
     assert result.params == arch.n_params() and result.flops_per_token == arch.flops_per_token(TINY.train.seq_len)
     assert [t for t, _ in result.eval_curve] == [1024, 2048, 3072, 4096]
     assert len(result.attention_distance) == 4 and all(d >= 0 for d in result.attention_distance)
-    assert result.peak_memory_mb > 0
     again = TrialResult.from_dict(json.loads(result.to_json()))
     assert again == result
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="Linux resets the peak resident set")
+def test_peak_memory_is_the_runs_own_not_the_processes_lifetime_peak(builtin_data) -> None:
+    """Touch 1 GiB in an anonymous map and unmap it (the process's lifetime peak rises by 1 GiB, its resident set
+    falls back); a tiny run afterwards must report its own peak, far below that lifetime peak."""
+    size = 2**30
+    block = mmap.mmap(-1, size)
+    for offset in range(0, size, mmap.PAGESIZE):
+        block[offset] = 1
+    block.close()
+    lifetime_peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10
+    result = run(TINY.baseline, TINY.train, builtin_data)
+    assert result.ok and result.peak_memory_mb < lifetime_peak_mb - 512, (result.peak_memory_mb, lifetime_peak_mb)
 
 
 def test_vocab_smaller_than_the_data_is_a_usage_error(builtin_data) -> None:
@@ -173,4 +189,6 @@ def test_every_preset_is_well_formed() -> None:
     assert get_preset("cpu").baseline == DEFAULT_BASELINE  # `nas space` and `nas search` default to one shape
     for preset in PRESETS.values():
         assert preset.baseline.heads == (preset.baseline.heads[0],) * preset.baseline.n_layers
-        assert preset.train.steps >= 1
+        train = preset.train  # a budget of at least one step and one evaluation interval, not one clamped up to it
+        assert train.tokens >= train.tokens_per_step and train.tokens >= train.eval_every, preset.name
+        assert preset.baseline.d_model % preset.baseline.heads[0] == 0

@@ -13,12 +13,26 @@ from pathlib import Path
 import optuna
 import pytest
 from optuna.trial import FrozenTrial, TrialState
+from search_helpers import (
+    SPACE3,
+    SPACE5,
+    TINY,
+    assert_no_repeated_work,
+    child_pids,
+    counted,
+    load_trials,
+    open_storage_at,
+    pop_queued_trials,
+    run_nas,
+    sqlite_url,
+    start_nas,
+    stop,
+    wait_for,
+)
 
 from nas.study.records import key_seed
 from nas.study.storage import make_storage
 from runners.presets import get_preset
-from search_helpers import SPACE3, SPACE5, TINY, assert_no_repeated_work, child_pids, counted, load_trials, \
-    open_storage_at, pop_queued_trials, run_nas, sqlite_url, start_nas, stop, wait_for
 from search_spaces.factory import SpaceOptions, build_space
 
 pytestmark = pytest.mark.slow

@@ -10,15 +10,16 @@ from collections import Counter, defaultdict
 
 import pytest
 from optuna.trial import TrialState
+from search_helpers import SPACE5, TINY, assert_no_repeated_work, counted, load_trials, run_nas, sqlite_url
 from typer.testing import CliRunner
 
 from nas.cli import app
 from nas.errors import UsageError
-from nas.study.records import counts
 from nas.study.config import SearchConfig
 from nas.study.parallel import run_search
+from nas.study.records import counts
+from nas.study.trial import proposal_sampler
 from runners.presets import get_preset
-from search_helpers import SPACE5, TINY, assert_no_repeated_work, counted, load_trials, run_nas, sqlite_url
 from search_spaces.factory import SpaceOptions, build_space
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
@@ -157,6 +158,62 @@ def test_every_sampler_and_pruner_searches(tmp_path, sampler, pruner, sampler_cl
                                      trials=3, sampler=sampler, pruner=pruner,
                                      train_overrides=(("tokens", 2048),)))
     assert type(search.study.sampler).__name__ == sampler_class and type(search.study.pruner).__name__ == pruner_class
+    # and the per-trial sampler that draws each proposal is of the same kind
+    assert type(proposal_sampler(search, 7, None)).__name__ == sampler_class
     trials = search.study.trials
     assert_no_repeated_work(trials, 3)
     assert {t.user_attrs["role"] for t in counted(trials)} == {"baseline", "sampled"}
+
+
+@pytest.mark.parametrize("space, members", [("hourglass", 7), ("joint", 16)])
+def test_hourglass_and_joint_searches_train_k_deep_ffn_stacks_end_to_end(tmp_path, space, members):
+    """The tiny preset's hourglass grid (K up to 8) and joint space walked exhaustively: every K > 1 member is a
+    real training, recorded with its budget-matched parameter count (the shape's, not the baseline's)."""
+    storage = sqlite_url(tmp_path / "deep.db")
+    search = run_search(SearchConfig(space=SpaceOptions(space=space), preset="tiny", storage=storage, trials=members,
+                                     pruner="none", train_overrides=(("tokens", 2048),)))
+    assert search.exhaustive and search.space.count() == members
+    trials = load_trials(storage, search.config.study_name)
+    assert_no_repeated_work(trials, members)
+    done = counted(trials)
+    assert sorted(t.user_attrs["key"] for t in done) == sorted(arch.key() for arch in search.space)
+    deep = [t for t in done if t.user_attrs["k"] > 1]
+    assert {t.user_attrs["k"] for t in deep} >= {2, 8}
+    budget = search.baseline.n_params()["total"]
+    for t in deep:
+        a = t.user_attrs
+        assert t.state == TrialState.COMPLETE and a["status"] == "ok" and a["val_loss"] < 5.55  # below ln 256
+        assert a["arch"]["ffn"] == {"k": a["k"], "hidden": a["d_h"]} and a["d_h"] < 4 * a["d_model"]
+        assert a["params_breakdown"]["ffn"] == a["layers"] * a["k"] * 3 * a["d_model"] * a["d_h"]
+        assert abs(a["params"] - budget) <= search.space.describe()["tolerance"] * budget
+        assert len(a["attention_distance"]) == a["layers"]
+    if space == "joint":  # K-deep stacks with a Prism staircase on top
+        assert any(t.user_attrs["k"] > 1 and len(set(t.user_attrs["heads"])) > 1 for t in done)
+
+
+def test_objectives_loss_and_tokens_per_s_give_a_minimise_maximise_study(tmp_path):
+    storage = sqlite_url(tmp_path / "speed.db")
+    search = run_search(SearchConfig(space=tiny_space(layers=6), preset="tiny", storage=storage, trials=3,
+                                     objectives=("loss", "tokens_per_s"), train_overrides=(("tokens", 2048),)))
+    study = search.study
+    assert [d.name for d in study.directions] == ["MINIMIZE", "MAXIMIZE"]
+    assert type(study.sampler).__name__ == "NSGAIISampler"
+    trials = study.get_trials(deepcopy=False)
+    assert_no_repeated_work(trials, 3)
+    for t in counted(trials):
+        assert t.state == TrialState.COMPLETE  # several objectives: Optuna does not prune
+        assert t.values == [t.user_attrs["val_loss"], t.user_attrs["tokens_per_s"]] and t.values[1] > 0
+    assert study.best_trials  # the Pareto front of loss against speed
+
+
+def test_a_cpu_long_trial_trains_eight_times_the_tokens_and_ends_lower(builtin_data):
+    """One trial of the `cpu-long` preset (262k tokens, lr 6e-3) against the default `cpu` proxy, same shape."""
+    from runners.proxy import run
+
+    long, short = get_preset("cpu-long"), get_preset("cpu")
+    assert long.baseline == short.baseline and long.train.tokens == 8 * short.train.tokens
+    result = run(long.baseline, long.train, builtin_data)
+    assert result.status == "ok" and result.tokens_seen == long.train.tokens == 262_144
+    assert [tokens for tokens, _ in result.eval_curve] == [65_536, 131_072, 196_608, 262_144]
+    reference = run(short.baseline, short.train, builtin_data)
+    assert result.val_loss < reference.val_loss - 0.1, (result.val_loss, reference.val_loss)

@@ -10,17 +10,27 @@ import optuna
 import pytest
 import sqlalchemy
 from optuna.trial import FrozenTrial, TrialState
+from search_helpers import (
+    SPACE3,
+    TINY,
+    assert_no_repeated_work,
+    counted,
+    load_trials,
+    run_nas,
+    sqlite_url,
+    start_nas,
+    stop,
+    wait_for,
+)
 
 import nas.study.heartbeat
 import nas.study.recovery
 import nas.study.trial
-from nas.study.records import counts, key_seed
 from nas.study.config import SearchConfig
 from nas.study.parallel import run_search
+from nas.study.records import counts, key_seed
 from nas.study.session import open_search
 from runners.presets import get_preset
-from search_helpers import SPACE3, TINY, assert_no_repeated_work, counted, load_trials, run_nas, sqlite_url, \
-    start_nas, stop, wait_for
 from search_spaces.factory import SpaceOptions, build_space
 
 pytestmark = pytest.mark.slow
@@ -206,7 +216,8 @@ def test_a_trial_whose_heartbeat_was_lost_stops_training_and_is_finished_once_by
 
     def record_heartbeat(self, trial_id):
         if lost and not self_taken.is_set():
-            raise sqlalchemy.exc.OperationalError("UPDATE trial_heartbeats", {}, Exception("server closed the connection"))
+            raise sqlalchemy.exc.OperationalError("UPDATE trial_heartbeats", {},
+                                                  Exception("server closed the connection"))
         return real_beat(self, trial_id)
 
     self_taken = threading.Event()

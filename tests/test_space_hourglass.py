@@ -50,7 +50,8 @@ def test_every_member_is_within_tolerance_of_the_budget(space_name, request):
         assert abs(arch.n_params()["total"] - space.budget) <= space.tolerance * space.budget
         assert row["params"] == arch.n_params()["total"]
         assert row["budget_deviation"] == pytest.approx((row["params"] - space.budget) / space.budget)
-        assert row["params_embedding"] + row["params_attention"] + row["params_ffn"] + row["params_norm"] == row["params"]
+        parts = ("params_embedding", "params_attention", "params_ffn", "params_norm")
+        assert sum(row[part] for part in parts) == row["params"]
         assert row["d_model_per_layer"] == arch.d_model / arch.n_layers
         assert row["d_h_over_d_model"] == arch.ffn.hidden / arch.d_model
         assert arch.d_model % space.head_dim == 0 and set(arch.heads) == {arch.d_model // space.head_dim}
@@ -103,7 +104,8 @@ def test_unmatched_points_are_reported_with_a_reason():
     assert "same shape as the baseline" in [m.reason for m in HourglassSpace(12, 192, 12, fix="attention").unmatched()]
 
 
-@pytest.mark.parametrize("options", [{}, {"fix": "attention", "tolerance": 0.01}, {"k_values": (2, 3), "tolerance": 0.005}])
+@pytest.mark.parametrize("options", [{}, {"fix": "attention", "tolerance": 0.01},
+                                     {"k_values": (2, 3), "tolerance": 0.005}])
 def test_params_of_inverts_suggest_for_every_member(options):
     space = HourglassSpace(12, 192, 12, **options)
     for arch in space:

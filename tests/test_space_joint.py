@@ -34,7 +34,8 @@ def test_count_equals_enumeration_and_sums_the_prism_counts(joint):
 def test_every_member_is_valid_and_keeps_its_budget_match(joint):
     for arch in joint:
         assert joint.validate(arch) == []
-        assert abs(arch.n_params()["total"] - joint.hourglass.budget) <= joint.hourglass.tolerance * joint.hourglass.budget
+        budget = joint.hourglass.budget
+        assert abs(arch.n_params()["total"] - budget) <= joint.hourglass.tolerance * budget
     rows = [joint.row(a) for a in joint]
     assert {"heads", "plateaus", "k", "d_h", "params", "budget_deviation"} <= set(rows[0])
     assert rows[0]["kind"] == "baseline" and any(r["kind"] == "hourglass+prism" for r in rows)

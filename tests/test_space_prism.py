@@ -22,7 +22,7 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 def brute_force(layers, d_model, h_base, min_plateau=2, max_plateau=4, min_baseline=None, hw_aligned=False,
                 min_head_dim=None):
-    """Every non-decreasing sequence of divisors <= h_base, filtered by docs/papers.md's rule, written afresh."""
+    """Every non-decreasing sequence of divisors <= h_base, filtered by prism.py's rule, written afresh."""
     min_baseline = -(-layers // 2) if min_baseline is None else min_baseline
     divisors = [h for h in range(1, h_base + 1) if d_model % h == 0]
     valid = set()
@@ -116,7 +116,8 @@ def test_count_is_instant_for_128_layers():
          "the baseline plateau (12 heads) has 5 layers; at least min_baseline=6 are required"),
         ([3, 12, 12, 12, 12, 12, 12, 12, 12, 12, 12, 12],
          "layer 1: the plateau of 3 heads has 1 layer; plateaus below the baseline need 2..4 layers"),
-        ([3] * 5 + [12] * 7, "layers 1-5: the plateau of 3 heads has 5 layers; plateaus below the baseline need 2..4 layers"),
+        ([3] * 5 + [12] * 7,
+         "layers 1-5: the plateau of 3 heads has 5 layers; plateaus below the baseline need 2..4 layers"),
         ([12] * 11, "the schedule has 11 layers but the space has layers=12"),
     ],
 )

@@ -5,8 +5,8 @@ Heavy libraries (torch, optuna) are imported inside the commands, so ``nas --hel
 mistyped option are answered at once.
 """
 
+from nas.cli import results, runs, search, space, tools  # noqa: F401  (registers commands, in --help order)
 from nas.cli.app import app
-from nas.cli import search, results, runs, tools, space  # noqa: E402, F401, I001  (registers commands, in --help order)
 
 app.add_typer(space.space_app, name="space")
 

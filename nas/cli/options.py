@@ -8,7 +8,7 @@ line cannot drift from what the library accepts; commands hand the library plain
 from __future__ import annotations
 
 from enum import Enum
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -38,6 +38,6 @@ def plain(value: Any) -> Any:
 
 StorageOpt = Annotated[str, typer.Option("--storage", help="SQLAlchemy URL of the Optuna storage "
                                          "(PostgreSQL for many machines).")]
-StudyOpt = Annotated[Optional[str], typer.Option("--study-name", help="Study name (default: the only study in the "
+StudyOpt = Annotated[str | None, typer.Option("--study-name", help="Study name (default: the only study in the "
                                                  "storage; `nas search` derives it from space, preset and options).",
                                                  show_default=False)]

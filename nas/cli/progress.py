@@ -12,11 +12,16 @@ from nas.study.worker import TrialEvent
 
 def _duration(seconds: float) -> str:
     seconds = int(seconds)
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 60}m{seconds % 60:02d}s"
 
 
 class Progress:
-    """Prints ``[ 37/200] #41 member  h=3x2,6x2,12x8 ... loss 3.2871 (9.4s) | best 3.2512 #7 (+1.25% vs baseline) | ETA 28m10s``."""
+    """One line per trial, e.g.::
+
+        [ 37/200] #41 member  h=3x2,6x2,12x8 ... loss 3.2871 (9.4s) | best 3.2512 #7 (+1.25% vs baseline) | ETA 28m10s
+    """
 
     def __init__(self, workers: int = 1, stream: TextIO | None = None) -> None:
         # resolved now, not at import: a default of sys.stderr would pin whatever stream was current then
@@ -35,7 +40,8 @@ class Progress:
         if self.first_counted is None:
             self.first_counted = e.counted - (e.state not in ("duplicate", "error", "interrupted", "surplus"))
         value = f"loss {e.value:.4f}" if e.value is not None else e.state
-        line = f"[{e.counted:>{len(str(e.target))}}/{e.target}] #{e.number} {e.role:<9} {e.arch.label()} seed {e.seed}: "
+        line = f"[{e.counted:>{len(str(e.target))}}/{e.target}] #{e.number} {e.role:<9} {e.arch.label()} "
+        line += f"seed {e.seed}: "
         line += f"{value} ({e.state}, {e.wall_time_s:.1f}s)"
         if e.reason and e.state not in ("complete", "duplicate"):
             line += f" [{e.reason}]"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -17,16 +17,16 @@ from nas.units import parse_size
 def train(
     config: Annotated[Path, typer.Option("--config", help="A shape: an ArchConfig JSON, or a `nas best --format "
                                          "json` / `nas export` file (its row --rank, default the best).")],
-    rank: Annotated[Optional[int], typer.Option("--rank", help="Which row of a leaderboard file (1 = the best).",
+    rank: Annotated[int | None, typer.Option("--rank", help="Which row of a leaderboard file (1 = the best).",
                                                 show_default=False)] = None,
     preset: Annotated[str, typer.Option("--preset", help="Training setup: see `nas presets`.")] = "cpu",
     data: Annotated[str, typer.Option("--data", help="As for nas search.")] = "builtin",
-    tokens: Annotated[Optional[str], typer.Option("--tokens", help="Training tokens (default the preset's).",
+    tokens: Annotated[str | None, typer.Option("--tokens", help="Training tokens (default the preset's).",
                                                   show_default=False)] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of init and data order.")] = 0,
-    device: Annotated[Optional[str], typer.Option("--device", help="auto, cpu, cuda, cuda:N or mps.",
+    device: Annotated[str | None, typer.Option("--device", help="auto, cpu, cuda, cuda:N or mps.",
                                                   show_default=False)] = None,
-    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Write the result JSON here "
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the result JSON here "
                                                    "(default stdout).", show_default=False)] = None,
 ) -> None:
     """Train one shape once and print its result as JSON."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -36,30 +36,30 @@ def search(
                                       "directory of llm.c .bin shards.")] = "builtin",
     storage: StorageOpt = DEFAULT_STORAGE,
     study_name: StudyOpt = None,
-    sampler: Annotated[Optional[Sampler], typer.Option("--sampler", help="Proposal sampler (default tpe; nsga2 "
+    sampler: Annotated[Sampler | None, typer.Option("--sampler", help="Proposal sampler (default tpe; nsga2 "
                                                        "with several objectives).", show_default=False)] = None,
     pruner: Annotated[Pruner, typer.Option("--pruner", help="Pruner of unpromising trials.")] = Pruner.median,
     objectives: Annotated[str, typer.Option("--objectives", help="loss, loss,params or loss,tokens_per_s.")] = "loss",
     workers: Annotated[int, typer.Option("--workers", help="Worker processes on this machine.")] = 1,
-    threads: Annotated[Optional[int], typer.Option("--threads", help="Torch threads per worker (default: the "
+    threads: Annotated[int | None, typer.Option("--threads", help="Torch threads per worker (default: the "
                                                    "usable cores / --workers). With several searches on one "
                                                    "machine, keep workers x threads <= cores.",
                                                    show_default=False)] = None,
-    tokens: Annotated[Optional[str], typer.Option("--tokens", help="Training tokens per trial (e.g. 64k); "
+    tokens: Annotated[str | None, typer.Option("--tokens", help="Training tokens per trial (e.g. 64k); "
                                                   "default the preset's.", show_default=False)] = None,
-    seq_len: Annotated[Optional[int], typer.Option("--seq-len", help="Context length (default the preset's).",
+    seq_len: Annotated[int | None, typer.Option("--seq-len", help="Context length (default the preset's).",
                                                    show_default=False)] = None,
-    batch_size: Annotated[Optional[int], typer.Option("--batch-size", help="Sequences per step (default the "
+    batch_size: Annotated[int | None, typer.Option("--batch-size", help="Sequences per step (default the "
                                                       "preset's).", show_default=False)] = None,
-    lr: Annotated[Optional[float], typer.Option("--lr", help="Peak learning rate (default the preset's).",
+    lr: Annotated[float | None, typer.Option("--lr", help="Peak learning rate (default the preset's).",
                                                 show_default=False)] = None,
-    seed: Annotated[Optional[int], typer.Option("--seed", help="Base seed of init, data order and sampler.",
+    seed: Annotated[int | None, typer.Option("--seed", help="Base seed of init, data order and sampler.",
                                                 show_default=False)] = None,
-    device: Annotated[Optional[str], typer.Option("--device", help="auto, cpu, cuda or mps.",
+    device: Annotated[str | None, typer.Option("--device", help="auto, cpu, cuda or mps.",
                                                   show_default=False)] = None,
-    dtype: Annotated[Optional[Dtype], typer.Option("--dtype", help="Training precision (default the preset's).",
+    dtype: Annotated[Dtype | None, typer.Option("--dtype", help="Training precision (default the preset's).",
                                                    show_default=False)] = None,
-    compile: Annotated[Optional[bool], typer.Option("--compile/--no-compile", help="torch.compile each trial.",
+    compile: Annotated[bool | None, typer.Option("--compile/--no-compile", help="torch.compile each trial.",
                                                     show_default=False)] = None,
     replicate_top: Annotated[int, typer.Option("--replicate-top", help="After an exhaustive walk, seed "
                                                "replicates go to the baseline and this many best shapes.")] = 4,

@@ -11,7 +11,7 @@ import json
 import sys
 from collections.abc import Callable, Iterable
 from itertools import islice
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -31,41 +31,45 @@ space_app = typer.Typer(help="Count, list and check the members of a search spac
 _P = "Prism schedule"
 _H = "Hourglass grid"
 SpaceOpt = Annotated[Space, typer.Option("--space", help="Search space.")]
-LayersOpt = Annotated[Optional[int], typer.Option("--layers", help="Baseline depth L (default 12).", show_default=False)]
-DModelOpt = Annotated[Optional[int], typer.Option("--d-model", help="Baseline width d_model (default 96).", show_default=False)]
-HeadsOpt = Annotated[Optional[int], typer.Option("--heads", help="Baseline head count h_base, divides d_model (default 12).",
+LayersOpt = Annotated[int | None, typer.Option("--layers", help="Baseline depth L (default 12).", show_default=False)]
+DModelOpt = Annotated[int | None, typer.Option("--d-model", help="Baseline width d_model (default 96).",
+                                               show_default=False)]
+HeadsOpt = Annotated[int | None, typer.Option("--heads", help="Baseline head count h_base, divides d_model "
+                                              "(default 12).",
                                                  show_default=False)]
-VocabOpt = Annotated[Optional[int], typer.Option("--vocab", help="Vocabulary size (default 256, bytes).", show_default=False)]
-TieOpt = Annotated[Optional[bool], typer.Option("--tie-embeddings/--untie-embeddings",
-                                                help="Tie input and output embeddings (default tied).", show_default=False)]
-FFNHiddenOpt = Annotated[Optional[int], typer.Option("--ffn-hidden", help="Conventional FFN hidden size "
+VocabOpt = Annotated[int | None, typer.Option("--vocab", help="Vocabulary size (default 256, bytes).",
+                                              show_default=False)]
+TieOpt = Annotated[bool | None, typer.Option("--tie-embeddings/--untie-embeddings",
+                                                help="Tie input and output embeddings (default tied).",
+                                                show_default=False)]
+FFNHiddenOpt = Annotated[int | None, typer.Option("--ffn-hidden", help="Conventional FFN hidden size "
                                                      "(default LLaMA's 8/3 d_model).", show_default=False)]
-MinPlateauOpt = Annotated[Optional[int], typer.Option("--min-plateau", help=f"{_P}: shortest step plateau (default 2).",
+MinPlateauOpt = Annotated[int | None, typer.Option("--min-plateau", help=f"{_P}: shortest step plateau (default 2).",
                                                       show_default=False)]
-MaxPlateauOpt = Annotated[Optional[int], typer.Option("--max-plateau", help=f"{_P}: longest step plateau (default 4).",
+MaxPlateauOpt = Annotated[int | None, typer.Option("--max-plateau", help=f"{_P}: longest step plateau (default 4).",
                                                       show_default=False)]
-MinBaselineOpt = Annotated[Optional[int], typer.Option("--min-baseline", help=f"{_P}: fewest layers at h_base "
+MinBaselineOpt = Annotated[int | None, typer.Option("--min-baseline", help=f"{_P}: fewest layers at h_base "
                                                        "(default ceil(L/2)).", show_default=False)]
 HWAlignedOpt = Annotated[bool, typer.Option("--hw-aligned", help=f"{_P}: only power-of-two head dims below h_base.")]
-MinHeadDimOpt = Annotated[Optional[int], typer.Option("--min-head-dim", help=f"{_P}: smallest head dim allowed.",
+MinHeadDimOpt = Annotated[int | None, typer.Option("--min-head-dim", help=f"{_P}: smallest head dim allowed.",
                                                       show_default=False)]
-BudgetOpt = Annotated[Optional[str], typer.Option("--budget", help=f"{_H}: parameter budget, e.g. 113M, 1.2B "
+BudgetOpt = Annotated[str | None, typer.Option("--budget", help=f"{_H}: parameter budget, e.g. 113M, 1.2B "
                                                   "(default the baseline's count).", show_default=False)]
-KValuesOpt = Annotated[Optional[str], typer.Option("--k-values", help=f"{_H}: FFN stack depths K, comma-separated "
+KValuesOpt = Annotated[str | None, typer.Option("--k-values", help=f"{_H}: FFN stack depths K, comma-separated "
                                                    "(default 1,2,4,6,8).", show_default=False)]
-LayerValuesOpt = Annotated[Optional[str], typer.Option("--layer-values", help=f"{_H}: depths L, comma-separated "
+LayerValuesOpt = Annotated[str | None, typer.Option("--layer-values", help=f"{_H}: depths L, comma-separated "
                                                        "(default L/2,3L/4,L,3L/2,2L).", show_default=False)]
-RatioValuesOpt = Annotated[Optional[str], typer.Option("--ratio-values", help=f"{_H}: d_h/d_model targets, "
+RatioValuesOpt = Annotated[str | None, typer.Option("--ratio-values", help=f"{_H}: d_h/d_model targets, "
                                                        "comma-separated (default 0.2,0.3,0.4,0.5,0.6,0.8,1).",
                                                        show_default=False)]
-HeadDimOpt = Annotated[Optional[int], typer.Option("--head-dim", help=f"{_H}: fixed head size; d_model is a "
+HeadDimOpt = Annotated[int | None, typer.Option("--head-dim", help=f"{_H}: fixed head size; d_model is a "
                                                    "multiple of it (default d_model/heads).", show_default=False)]
-ToleranceOpt = Annotated[Optional[str], typer.Option("--tolerance", help=f"{_H}: budget tolerance, 0.001 or 0.1% "
+ToleranceOpt = Annotated[str | None, typer.Option("--tolerance", help=f"{_H}: budget tolerance, 0.001 or 0.1% "
                                                      "(default 0.1%).", show_default=False)]
-RatioToleranceOpt = Annotated[Optional[str], typer.Option("--ratio-tolerance", help=f"{_H}: achieved d_h/d_model "
+RatioToleranceOpt = Annotated[str | None, typer.Option("--ratio-tolerance", help=f"{_H}: achieved d_h/d_model "
                                                           "within this fraction of the target (default 15%).",
                                                           show_default=False)]
-FixOpt = Annotated[Optional[Fix], typer.Option("--fix", help=f"{_H}: 'attention' keeps the baseline's d_model and L, "
+FixOpt = Annotated[Fix | None, typer.Option("--fix", help=f"{_H}: 'attention' keeps the baseline's d_model and L, "
                                                "varying only K (d_h follows from the budget).", show_default=False)]
 
 # name -> (annotation, default): the signature ``with_space_options`` adds to a command
@@ -88,7 +92,8 @@ def _parse_list(text: str | None, flag: str, kind: type) -> tuple[Any, ...] | No
         values = tuple(kind(item) for item in text.replace(" ", "").split(",") if item)
     except ValueError:
         example = "1,2,4" if kind is int else "0.2,0.4"
-        raise UsageError(f"{flag} {text!r} is not a comma-separated list of {kind.__name__}s (e.g. {example})") from None
+        raise UsageError(f"{flag} {text!r} is not a comma-separated list of {kind.__name__}s "
+                         f"(e.g. {example})") from None
     if not values:
         raise UsageError(f"{flag} is empty: give comma-separated values")
     return values
@@ -194,11 +199,11 @@ def _print_csv(rows: Iterable[dict[str, Any]]) -> None:
 
 # ----------------------------------------------------------------- commands
 FormatOpt = Annotated[ListFormat, typer.Option("--format", help="Output format.")]
-LimitOpt = Annotated[Optional[int], typer.Option("--limit", help="List at most N members.", show_default=False)]
-ScheduleOpt = Annotated[Optional[str], typer.Option("--schedule", help="Head counts per layer, 3,3,6,6,12,... or "
+LimitOpt = Annotated[int | None, typer.Option("--limit", help="List at most N members.", show_default=False)]
+ScheduleOpt = Annotated[str | None, typer.Option("--schedule", help="Head counts per layer, 3,3,6,6,12,... or "
                                                     "3x2,6x2,12x8 (prism; joint: its baseline shape).",
                                                     show_default=False)]
-ConfigOpt = Annotated[Optional[str], typer.Option("--config", help="An ArchConfig JSON file (any space).",
+ConfigOpt = Annotated[str | None, typer.Option("--config", help="An ArchConfig JSON file (any space).",
                                                   show_default=False)]
 
 
@@ -258,7 +263,8 @@ def _prism_of(space: SearchSpace) -> PrismSpace:
         return space
     if isinstance(space, JointSpace):
         return space.prism_of(space.baseline())
-    raise UsageError("--schedule applies to the prism and joint spaces; give an hourglass shape with --config arch.json")
+    raise UsageError("--schedule applies to the prism and joint spaces; "
+                     "give an hourglass shape with --config arch.json")
 
 
 def _print_invalid(reasons: list[str]) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -68,7 +68,7 @@ def bench(
     device: Annotated[BenchDevice, typer.Option("--device", help="cpu, or cuda (figures 1-4 then run in bf16).")]
     = BenchDevice.cpu,
     seed: Annotated[int, typer.Option("--seed", help="Seed of models and data.")] = 0,
-    cache_dir: Annotated[Optional[str], typer.Option("--cache-dir", help="Data cache (default $NAS_CACHE or the "
+    cache_dir: Annotated[str | None, typer.Option("--cache-dir", help="Data cache (default $NAS_CACHE or the "
                                                      "user cache).", show_default=False)] = None,
 ) -> None:
     """Measure the speed claims as same-run ratios (benchmarks/RESULTS.md): as `python -m benchmarks`."""

@@ -76,7 +76,8 @@ def load_data(spec: str | os.PathLike[str] = "builtin", cache_dir: str | os.Path
     """Load ``spec`` (see the module docstring); one-line ``UsageError`` for every bad input."""
     name = os.fspath(spec)
     if not name.strip():
-        raise UsageError("--data is empty: pass 'builtin', a text file, a directory, a glob, a .npy file or .bin shards")
+        raise UsageError("--data is empty: pass 'builtin', a text file, a directory, a glob, a .npy file "
+                         "or .bin shards")
     cache = cache_root(cache_dir)
     if name == "builtin":
         docs, key_parts = builtin_documents()

@@ -204,7 +204,8 @@ def load_npy(path: Path, cache: Path) -> Loaded:
     except (ValueError, OSError, EOFError) as exc:
         if path.stat().st_size == 0:
             raise UsageError(f"data file {str(path)!r} is empty") from None
-        raise UsageError(f"data file {str(path)!r} is not a readable .npy array: {' '.join(str(exc).split())}") from None
+        raise UsageError(f"data file {str(path)!r} is not a readable .npy array: "
+                         f"{' '.join(str(exc).split())}") from None
     if not isinstance(arr, np.ndarray) or arr.ndim != 1 or arr.dtype.kind not in "iu":
         shape = getattr(arr, "shape", "?")
         raise UsageError(
@@ -288,7 +289,8 @@ def open_shard(path: Path) -> np.ndarray:
     header = np.frombuffer(_read(path, SHARD_HEADER_INTS * 4), dtype="<i4")
     if header[0] != SHARD_MAGIC:
         raise UsageError(
-            f"shard {name!r} has magic number {header[0]}, expected {SHARD_MAGIC}: not an llm.c / modded-nanogpt token shard"
+            f"shard {name!r} has magic number {header[0]}, expected {SHARD_MAGIC}: "
+            "not an llm.c / modded-nanogpt token shard"
         )
     if header[1] != SHARD_VERSION:
         raise UsageError(f"shard {name!r} has version {header[1]}, expected {SHARD_VERSION} (uint16 tokens)")
@@ -311,7 +313,8 @@ def load_shards(files: list[Path], where: str, cache: Path) -> Loaded:
     val_parts = [open_shard(p) for p in val_files]
     for split, parts in (("train", train_parts), ("val", val_parts)):
         if not parts:
-            raise UsageError(f"data {where!r} has no *_{split}_*.bin shard; llm.c shards are named like fineweb_{split}_000001.bin")
+            raise UsageError(f"data {where!r} has no *_{split}_*.bin shard; "
+                             f"llm.c shards are named like fineweb_{split}_000001.bin")
     train = train_parts[0] if len(train_parts) == 1 else ConcatTokens(train_parts)
     val = val_parts[0] if len(val_parts) == 1 else ConcatTokens(val_parts)
     stamps = [(str(p.resolve()), file_stamp(p)) for p in train_files + val_files]

@@ -1,14 +1,11 @@
 """Fused fp32 CPU kernels (``fused_cpu.c``): compiled on first use with the system C compiler, loaded with ctypes.
 
 Why: on a 2-core CPU a training step's elementwise work (RoPE, RMSNorm, the SwiGLU gate, the
-causal softmax) is bound by memory bandwidth and per-op overhead. PyTorch's eager ops make 3-6 passes over
-memory for each of these and its CPU build has no fused kernels for them; ``torch.compile``
-fuses them but costs ~80 s per model shape (measured), far more than a proxy trial. These
-kernels make one pass each. Measured on 2 threads at B16 T256 d256, forward + backward per
-layer: the SwiGLU gate 10.4 -> 5.1 ms, RMSNorm 4.0 -> 0.6 ms, RoPE with the q/k/v layout change
-12.6 -> 4.1 ms; the masked softmax of one attention block 1.15-1.7x. A whole training step:
-1.05x faster at d256, 1.13x at the default d96 proxy (same-process A/B); ``benchmarks/``
-figure 4 has the efficiency this gives.
+causal softmax) is bound by memory bandwidth and per-op overhead. PyTorch's eager ops make 3-6
+passes over memory for each of these and its CPU build has no fused kernels for them;
+``torch.compile`` fuses them but costs more time per model shape than a proxy trial lasts. These
+kernels make one pass each (per-kernel and per-step timings: benchmarks/RESULTS.md, "Design measurements";
+``benchmarks/`` figure 4 has the efficiency this gives).
 
 How: ``cc -O3 -march=native -fopenmp -fno-math-errno -fno-trapping-math -shared`` builds
 ``fused_cpu.c`` (plain C99, no PyTorch headers: well under a second) into

@@ -1,4 +1,4 @@
-"""CPU autograd functions behind ``nas.model.transformer``: each has its own backward, and its forward alone runs in evaluation.
+"""CPU autograd functions behind ``nas.model.transformer``: own backward passes; forward alone in evaluation.
 
 - ``RotaryQKV``: the fused q/k/v projection split into heads, RoPE applied to q and k, q pre-scaled by 1/sqrt(Dh);
 - ``BlockedCausalAttention``: exact causal attention by batched matmuls over query blocks (CPU, T <= 512);
@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from nas.model import fused_cpu
+
 
 def rotate_into(out: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: float) -> None:
     """``out = R(sign * theta) x`` over the last dim (HF ``rotate_half`` pairing); ``x`` may be any strided view.
@@ -47,7 +48,7 @@ class _ForwardOnly:
 def apply_function(function: type[torch.autograd.Function], *args: Any) -> Any:
     """``function.apply(*args)``; without grad mode (evaluation), its forward alone, skipping the autograd node.
 
-    Saves ~25 us per call, ~1.5 ms of the default proxy's ~45 ms evaluation forward (61 calls).
+    An evaluation forward then builds no autograd nodes at all (one per layer and kernel otherwise).
     """
     if torch.is_grad_enabled():
         return function.apply(*args)
@@ -114,7 +115,7 @@ def causal_mask(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tenso
     return _CAUSAL_MASKS[key]
 
 
-QUERY_BLOCK = 64  # queries per block of BlockedCausalAttention (measured best on 2 cores for T = 32 ... 1024)
+QUERY_BLOCK = 64  # queries per block of BlockedCausalAttention (the best block on 2 cores for T = 32 ... 1024)
 
 
 def _query_blocks(seq_len: int) -> list[tuple[int, int]]:
@@ -168,8 +169,8 @@ class BlockedCausalAttention(torch.autograd.Function):
     3. the 1/sqrt(Dh) scale was applied to Q (N T Dh values, inside the RoPE pass), not to the scores (N T^2);
     4. at Dh <= ``TRANSPOSED_MAX_HEAD_DIM`` every product that would be only Dh columns wide
        (P V, dV, dQ, dK) is computed transposed, (N, Dh, T), which MKL runs several times faster
-       at Dh = 8 (the output is then a transposed view); wider heads compute them as they are
-       (1.02-1.12x faster per attention layer at Dh 12-64 than transposed, 0.82x at Dh 8).
+       at Dh = 8 (the output is then a transposed view); wider heads compute them as they are,
+       which is faster there. Measurements: benchmarks/RESULTS.md, "Design measurements".
     """
 
     @staticmethod
@@ -232,11 +233,9 @@ BLOCKED_ATTENTION_MAX_BYTES = 512 * 2 ** 20  # ... and while one layer's saved s
 def use_blocked_attention(device: torch.device, n_heads_total: int, seq_len: int, element_size: int) -> bool:
     """Whether a CPU attention call over ``n_heads_total = B H`` heads takes ``BlockedCausalAttention``.
 
-    Measured on 2 cores, forward + backward against SDPA's flash kernel: the kernels alone 1.15-1.35x
-    faster for head dims 8-128 at T = 32-512 and 0.9-1.05x at T = 1024; a whole attention layer
-    (projections, RoPE, output) 1.52x at the default proxy (Dh 8, T 128), 1.07-1.10x at Dh 32-64,
-    T 128-256, 1.22x at T 512. The blocked kernel keeps ``~0.6 N T^2`` scores per layer for the
-    backward (flash keeps O(N T)), hence the memory bound.
+    On 2 cores it is faster than SDPA's flash kernel, forward + backward, for every head dim up to
+    T = 512 and no faster at T = 1024 (benchmarks/RESULTS.md, "Design measurements"). It keeps
+    ``~0.6 N T^2`` scores per layer for the backward (flash keeps O(N T)), hence the memory bound.
     """
     saved = n_heads_total * seq_len * seq_len * element_size * 0.6
     return device.type == "cpu" and seq_len <= BLOCKED_ATTENTION_MAX_T and saved <= BLOCKED_ATTENTION_MAX_BYTES
@@ -253,9 +252,9 @@ class GatedUpProjection(torch.autograd.Function):
 
     Autograd through the fused ``d -> 2F`` matmul, ``chunk`` and the product instead
     concatenates ``dg`` and ``du`` into a (N, 2F) gradient (a 22 MB copy per layer at d256,
-    B16 T256) and keeps ``silu(g)`` alive for the backward. Measured 1.03-1.05x per FFN at
-    d256-d384 and 0.91-0.98x at d96 (two half-width matmuls cost more there), hence
-    ``GATED_UP_MIN_ELEMENTS``.
+    B16 T256) and keeps ``silu(g)`` alive for the backward. Faster per FFN from d256 up, slower at
+    d96 without the fused kernels (two half-width matmuls cost more there), hence
+    ``GATED_UP_MIN_ELEMENTS`` (benchmarks/RESULTS.md, "Design measurements").
     """
 
     @staticmethod
@@ -289,7 +288,7 @@ class GatedUpProjection(torch.autograd.Function):
 
 
 # CPU fp32 without the fused kernels: tokens x hidden from which GatedUpProjection is faster (d >= 128);
-# with them it is faster at every measured size (1.04x per step at the default d96 proxy)
+# with them it is faster at every measured size
 GATED_UP_MIN_ELEMENTS = 2 ** 20
 
 
@@ -304,7 +303,7 @@ class RMSNormFunction(torch.autograd.Function):
 
     Backward (``D`` = row width, ``t = dy * x``): ``dg = sum_rows(t) r`` (a matrix-vector product),
     ``dx = r (dy g) - x r^3 (t . g) / D``. Autograd through ``F.rms_norm``'s CPU decomposition
-    takes ~13 elementwise passes; this takes 6 and is 1.6x faster at (16, 256, 256).
+    takes ~13 elementwise passes; this takes 6 (benchmarks/RESULTS.md, "Design measurements").
     """
 
     @staticmethod

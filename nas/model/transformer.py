@@ -9,13 +9,12 @@ With uniform heads and ``K = 1`` this is exactly HF ``LlamaForCausalLM`` (same R
 ``rotate_half`` convention, same RMSNorm), so weights map one to one (tests check logits).
 
 The forward path has no per-head Python loop: a layer's head count only changes a
-``view``, so a Prism schedule costs what the uniform one costs. Speed (measured in
-``benchmarks/``, figure 2): W_Q, W_K, W_V are one ``d -> 3d`` matmul and gate, up one
+``view``, so a Prism schedule costs what the uniform one costs. Speed (``benchmarks/``, figure 2):
+W_Q, W_K, W_V are one ``d -> 3d`` matmul and gate, up one
 ``d -> 2 d_h`` matmul; splitting q, k, v and rotating q, k is one autograd node
 (``RotaryQKV``: no temporaries, one gradient buffer); on CPU up to T = 512, attention is
-``BlockedCausalAttention`` instead of SDPA's flash kernel (1.5x faster for the default proxy's
-attention layer, 1.07-1.22x at head dims 32-64), and RMSNorm has its own backward
-(``RMSNormFunction``, 1.6x faster than autograd through ``F.rms_norm``), as does the gated
+``BlockedCausalAttention`` instead of SDPA's flash kernel, and RMSNorm has its own backward
+(``RMSNormFunction``, 6 passes instead of autograd's ~13 through ``F.rms_norm``), as does the gated
 up-projection of wide FFNs (``GatedUpProjection``: no (N, 2F) gradient concatenation); these autograd
 functions live in ``nas.model.kernels``. On CPU in fp32,
 the elementwise parts of RoPE, RMSNorm, the SwiGLU gate and the causal softmax run as one-pass C kernels
@@ -27,7 +26,8 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -71,7 +71,8 @@ class RotaryTable(nn.Module):
         """``cos, sin`` of shape (seq_len, rot_dim / 2)."""
         if self.cos.shape[0] < seq_len or self.cos.device != device or self.cos.dtype != dtype:
             length = max(seq_len, self.cos.shape[0])
-            inv_freq = 1.0 / (self.base ** (torch.arange(0, self.rot_dim, 2, device=device, dtype=torch.float32) / self.rot_dim))
+            channels = torch.arange(0, self.rot_dim, 2, device=device, dtype=torch.float32)  # (rot/2,)
+            inv_freq = 1.0 / (self.base ** (channels / self.rot_dim))
             freqs = torch.outer(torch.arange(length, device=device, dtype=torch.float32), inv_freq)  # (T, rot/2)
             self.cos, self.sin = freqs.cos().to(dtype), freqs.sin().to(dtype)
         return self.cos[:seq_len], self.sin[:seq_len]

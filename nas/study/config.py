@@ -1,7 +1,7 @@
 """What ``nas search`` was asked for (``SearchConfig``), checked without importing torch.
 
-Kept apart from ``nas.study`` so that a mistyped option is reported at once: importing the
-study module loads torch (about 4 s), and a usage error should not wait for it.
+Kept apart from the rest of ``nas.study`` so that a mistyped option is reported at once: the
+worker modules load torch (about 4 s), and a usage error should not wait for it.
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ class SearchConfig:
         if self.pruner not in PRUNERS:
             raise UsageError(f"unknown pruner {self.pruner!r}; choose {', '.join(PRUNERS)}")
         bad = [o for o in self.objectives if o not in OBJECTIVES]
-        if bad or not self.objectives or len(set(self.objectives)) != len(self.objectives) or self.objectives[0] != "loss":
+        repeated = len(set(self.objectives)) != len(self.objectives)
+        if bad or not self.objectives or repeated or self.objectives[0] != "loss":
             raise UsageError(f"--objectives {','.join(self.objectives)!r} is invalid: use loss, loss,params or "
                              "loss,tokens_per_s")
         if self.sampler == "gp" and len(self.objectives) > 1:

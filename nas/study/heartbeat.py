@@ -79,7 +79,7 @@ class Heartbeat:
         if self.lost.is_set():
             raise TrialLost(self.lost_reason())
 
-    def __enter__(self) -> "Heartbeat":
+    def __enter__(self) -> Heartbeat:
         if self._interval:
             self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{self._trial_id}", daemon=True)
             self._thread.start()

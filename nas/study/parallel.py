@@ -85,7 +85,7 @@ def _worker_main(config: SearchConfig, worker: int, queue: Any) -> None:
         queue.put(("interrupted", worker, None))
     except (UsageError, SearchAborted) as error:
         queue.put(("error", worker, str(error)))
-    except Exception as error:  # noqa: BLE001 - the parent must hear of it, or it waits for this worker forever
+    except Exception as error:
         queue.put(("error", worker, f"{type(error).__name__}: {error}"))
         raise
 

@@ -105,6 +105,6 @@ def scores_by_shape(trials: Iterable[FrozenTrial]) -> dict[str, ShapeScores]:
     for t in sorted(trials, key=lambda t: t.number):
         if t.state == TrialState.COMPLETE and counts(t) and "key" in t.user_attrs:
             grouped.setdefault(t.user_attrs["key"], []).append(t)
-    return {key: ShapeScores(key, tuple(t.number for t in group), tuple(int(t.user_attrs.get("seed", 0)) for t in group),
-                             tuple(loss_of(t) for t in group))
+    return {key: ShapeScores(key, tuple(t.number for t in group),
+                             tuple(int(t.user_attrs.get("seed", 0)) for t in group), tuple(loss_of(t) for t in group))
             for key, group in grouped.items()}

@@ -96,7 +96,7 @@ def open_search(config: SearchConfig, worker: int = 0, create: bool = True) -> S
     config = replace(config, study_name=name)
     storage = make_storage(config.storage, heartbeat_interval=config.heartbeat_interval)
     directions = [OBJECTIVES[o] for o in config.objectives]
-    sampler = make_sampler(config, seed=None)  # the study's own: proposals draw through a per-trial one (proposal_sampler)
+    sampler = make_sampler(config, seed=None)  # the study's own; proposals draw through trial.proposal_sampler
     pruner = make_pruner(config, train)
     created = False
     if create:

@@ -21,9 +21,9 @@ from nas.arch import ArchConfig
 from nas.study.heartbeat import Heartbeat, TrialLost
 from nas.study.planning import Plan
 from nas.study.records import counts, in_flight, is_duplicate, key_seed, loss_of, shape_attrs
-from nas.study.storage import write_user_attrs
 from nas.study.recovery import fail_abandoned, fail_stale
 from nas.study.session import Search, make_sampler
+from nas.study.storage import write_user_attrs
 from runners.proxy import run as run_proxy
 from runners.result import TrialResult
 
