@@ -1,6 +1,6 @@
 """Ratio benchmarks for prism-nas: every figure is measured against a reference in the same process run.
 
-``python -m benchmarks`` runs all seven figures and writes ``benchmarks.md`` and
+``python -m benchmarks`` runs every figure and writes ``benchmarks.md`` and
 ``benchmarks.json``; ``--smoke`` runs each for a few steps (CI proves the harness works; its
 numbers mean nothing). One module per figure, ``benchmarks.harness`` for what they share.
 
@@ -13,6 +13,8 @@ numbers mean nothing). One module per figure, ``benchmarks.harness`` for what th
 | 5 | ``overhead`` | per-trial fixed cost of a search as a share of a default trial |
 | 6 | ``search_efficiency`` | tokens TPE + pruning + de-dup spend to find the best shape vs random |
 | 7 | ``space_scaling`` | time to count and enumerate the prism space as L grows |
+| 8 | ``report_speed`` | ``nas report`` on 200 and 1,000 trials, and the page's size |
 """
 
-FIGURES = ("prism_free", "vs_hf", "hourglass_cost", "efficiency", "overhead", "search_efficiency", "space_scaling")
+FIGURES = ("prism_free", "vs_hf", "hourglass_cost", "efficiency", "overhead", "search_efficiency", "space_scaling",
+           "report_speed")

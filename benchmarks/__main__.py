@@ -43,7 +43,8 @@ def selected(only: str) -> list[tuple[int, str]]:
     chosen = [(n, name) for n, name in figures if str(n) in wanted or name in wanted]
     unknown = wanted - {str(n) for n, _ in chosen} - {name for _, name in chosen}
     if unknown:
-        raise UsageError(f"unknown figure(s) {', '.join(sorted(unknown))}; choose 1-7 or {', '.join(FIGURES)}")
+        raise UsageError(f"unknown figure(s) {', '.join(sorted(unknown))}; "
+                         f"choose 1-{len(FIGURES)} or {', '.join(FIGURES)}")
     return chosen
 
 
@@ -83,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     for number, name in chosen:
         t0 = time.perf_counter()
-        print(f"[{number}/7] {name} ...", flush=True)
+        print(f"[{number}/{len(FIGURES)}] {name} ...", flush=True)
         try:
             figure = importlib.import_module(f"benchmarks.{name}").run(cfg)
         except Exception as error:  # noqa: BLE001 - one broken figure must not hide the others

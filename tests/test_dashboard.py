@@ -47,6 +47,10 @@ def test_dashboard_serves_the_study_and_its_trial_attrs(tmp_path, one_thread):
         assert attrs["role"] == "baseline" and json.loads(attrs["heads"]) == [4, 4, 4, 4]
         assert {"val_loss", "params", "flops_per_token", "tokens_per_s", "eval_curve", "seed"} <= set(attrs)
         assert baseline["state"] == "Complete" and baseline["intermediate_values"]  # the pruner's curve
+        # the study note says what the report says: the shape-level answer, not the luckiest single trial
+        note = detail["note"]["body"]
+        assert note.startswith("## dash-demo") and "Ranked by mean validation loss over seeds" in note
+        assert "| 1 | h=4x4 K1x88 d32 L4 (baseline) | 1 |" in note
     finally:
         stop(server, signal.SIGTERM)
     assert f"http://127.0.0.1:{port}/" in log.read_text()  # it says where to look

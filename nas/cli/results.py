@@ -1,19 +1,21 @@
-"""``nas best``: what a study found, read from its storage (the leaderboard)."""
+"""``nas best`` and ``nas report``: what a study found, read from its storage (the leaderboard, the HTML page)."""
 
 from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from nas.cli.app import app
-from nas.cli.options import StorageOpt, StudyOpt, TableOrJson
+from nas.cli.options import StorageOpt, StudyOpt, TableOrJson, choices
 from nas.errors import UsageError
 from nas.study.config import DEFAULT_STORAGE
 
 TopOpt = Annotated[int, typer.Option("--top", help="How many shapes (the baseline is always shown).")]
+PlotlyJs = choices("PlotlyJs", ("inline", "cdn"))
 
 
 def _jsonable(value: Any) -> Any:
@@ -57,3 +59,36 @@ def best(
         tag = "  (baseline)" if r.is_baseline else ""
         typer.echo(f"{r.rank:>4}  {r.heads:<28} {r.k:>2} {r.d_h:>5} {r.d_model:>5} {r.layers:>3} {r.seeds:>5}  "
                    f"{r.mean_loss:>9.4f} {ci:>7} {gain:>7} {r.params:>10} {r.tokens_per_s:>7.0f}{tag}")
+
+
+@app.command()
+def report(
+    study_name: StudyOpt = None,
+    storage: StorageOpt = DEFAULT_STORAGE,
+    output: Annotated[Path, typer.Option("-o", "--output", help="The HTML file to write.")] = Path("report.html"),
+    top: TopOpt = 10,
+    plotlyjs: Annotated[PlotlyJs, typer.Option("--plotlyjs", help="inline: plotly.js embedded once, the page opens "
+                                               "with no network (~5 MB); cdn: a small file that loads it from "
+                                               "plotly's CDN.")] = PlotlyJs.inline,
+) -> None:
+    """Write one self-contained HTML page: summary, leaderboard, staircases, width-depth curves, search dynamics,
+    training curves, attention distances and full-scale re-runs. Safe while a search writes the study."""
+    from nas.study.storage import open_existing_study
+    from reports.frame import read_study
+    from reports.html import write_report
+    from reports.reruns import read_reruns
+
+    if top < 1:
+        raise UsageError(f"--top {top} is invalid: give at least 1")
+    if output.exists() and output.is_dir():
+        raise UsageError(f"-o {str(output)!r} is a directory: give a file name such as report.html")
+    if not output.parent.exists():
+        raise UsageError(f"-o {str(output)!r}: its folder {str(output.parent)!r} does not exist")
+    study, store = open_existing_study(storage, study_name)
+    data = read_study(study, read_reruns(store, study.study_name))
+    try:
+        path, seconds = write_report(data, output, top, plotlyjs.value)
+    except OSError as error:
+        raise UsageError(f"cannot write -o {str(output)!r}: {error.strerror or error}") from None
+    size = path.stat().st_size / 2**20
+    typer.echo(f"wrote {path} ({size:.1f} MB, {len(data.trials)} trials, {seconds:.1f} s)", err=True)

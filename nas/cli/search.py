@@ -96,4 +96,5 @@ def search(
         typer.echo(f"warning: {note}", err=True)
     name = result.config.study_name
     typer.echo(f"done: study {name!r} holds {trials_done(result.study)} trained trials. "
-               f"Next: nas best --study-name {name} --storage {storage}", err=True)
+               f"Next: nas best --study-name {name} --storage {storage}; "
+               f"nas report --study-name {name} --storage {storage} -o report.html", err=True)

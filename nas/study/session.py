@@ -117,6 +117,7 @@ def open_search(config: SearchConfig, worker: int = 0, create: bool = True) -> S
         study.set_user_attr("nas:identity", ident)
         study.set_user_attr("nas:baseline_key", baseline.key())
         study.set_user_attr("nas:preset", config.preset)
+        study.set_user_attr("nas:data", data.name)
     else:
         check_identity(study, ident, config)
     return search

@@ -81,11 +81,19 @@ def _prepare_sqlite(path: str) -> None:
 
 
 def make_storage(url: str = DEFAULT_STORAGE, heartbeat_interval: int = 10,
-                 grace_period: int | None = None) -> optuna.storages.RDBStorage:
-    """An ``RDBStorage`` with heartbeats and stale-trial retry, tuned for concurrent workers."""
+                 grace_period: int | None = None, read_only: bool = False) -> optuna.storages.RDBStorage:
+    """An ``RDBStorage`` with heartbeats and stale-trial retry, tuned for concurrent workers.
+
+    ``read_only`` (reports, ``nas best``): an SQLite file must exist already, and its transactions
+    start with a plain ``BEGIN``: in WAL mode a reader then sees one consistent snapshot per read
+    and neither waits for the search's writes nor makes them wait.
+    """
     parsed = _with_driver(parse_url(url))
     engine_kwargs: dict = {}
     if parsed.get_backend_name() == "sqlite":
+        if read_only and not Path(parsed.database).is_file():
+            raise UsageError(f"storage file {parsed.database!r} does not exist: nothing has been searched there "
+                             "(nas search --storage ... creates it)")
         _prepare_sqlite(parsed.database)
         # isolation_level None: sqlite3 emits no BEGIN of its own; _begin_immediately emits ours
         engine_kwargs["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_S, "isolation_level": None}
@@ -102,8 +110,13 @@ def make_storage(url: str = DEFAULT_STORAGE, heartbeat_interval: int = 10,
         first = str(error.orig).strip().splitlines()[0] if error.orig else str(error).splitlines()[0]
         raise UsageError(f"cannot open storage {url!r}: {first}") from None
     if parsed.get_backend_name() == "sqlite":
-        sqlalchemy.event.listen(storage.engine, "begin", _begin_immediately)
+        sqlalchemy.event.listen(storage.engine, "begin", _begin_deferred if read_only else _begin_immediately)
     return storage
+
+
+def _begin_deferred(connection: sqlalchemy.Connection) -> None:
+    """A read transaction: one snapshot of the file for everything the reader reads, no lock taken."""
+    connection.exec_driver_sql("BEGIN")
 
 
 def _begin_immediately(connection: sqlalchemy.Connection) -> None:
@@ -153,14 +166,20 @@ def write_user_attrs(storage: optuna.storages.BaseStorage, trial: optuna.Trial, 
 
 
 def load_existing_study(url: str, study_name: str | None) -> optuna.Study:
-    """An existing study, read through ``make_storage``: ``study_name``, or the storage's only study.
+    """An existing study, read-only (``open_existing_study``)."""
+    return open_existing_study(url, study_name)[0]
+
+
+def open_existing_study(url: str, study_name: str | None) -> tuple[optuna.Study, optuna.storages.RDBStorage]:
+    """An existing study and its storage, opened read-only: ``study_name``, or the storage's only study.
 
     ``UsageError`` naming the studies the storage holds when ``study_name`` is missing from it,
     or when it is None and the storage holds none or several.
     """
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = make_storage(url)
-    names = [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)]
+    storage = make_storage(url, read_only=True)
+    names = [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)
+             if not s.user_attrs.get("nas:rerun_of")]  # a study's full-scale re-runs live beside it
     if study_name is None:
         if len(names) != 1:
             raise UsageError(f"give --study-name: {url} holds {len(names)} studies"
@@ -168,4 +187,4 @@ def load_existing_study(url: str, study_name: str | None) -> optuna.Study:
         study_name = names[0]
     if study_name not in names:
         raise UsageError(f"no study {study_name!r} in {url}; it holds: {', '.join(names) or 'none'}")
-    return optuna.load_study(study_name=study_name, storage=storage)
+    return optuna.load_study(study_name=study_name, storage=storage), storage

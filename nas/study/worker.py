@@ -22,13 +22,14 @@ from optuna.trial import FrozenTrial, TrialState
 
 from nas.arch import ArchConfig
 from nas.errors import UsageError
-from nas.study.heartbeat import Heartbeat, TrialLost
+from nas.study.heartbeat import Heartbeat, TrialLost, warn_on_stderr
 from nas.study.optuna_internals import trial_id
 from nas.study.planning import plan_next
 from nas.study.records import counts, in_flight, scores_by_shape
 from nas.study.recovery import fail_abandoned, fail_stale, mark_interrupted, requeue
 from nas.study.session import Search
 from nas.study.trial import POLL_S, run_trial
+from reports.dashboard_note import NoteRefresher
 
 MAX_ERROR_STREAK = 3  # trials in a row crashing with an error (not a result) stop the worker
 
@@ -71,6 +72,7 @@ def summary(search: Search, trials: list[FrozenTrial]) -> tuple[int, tuple[int, 
 def run_worker(search: Search, on_event: Callable[[TrialEvent], None] | None = None) -> int:
     """Train trials until the study holds ``trials`` counted ones; returns how many this worker trained."""
     study, target = search.study, search.config.trials
+    note = NoteRefresher()  # the dashboard's study note: summary sentence and leaderboard
     trained = duplicate_streak = error_streak = 0
     finished: tuple | None = None  # the last trial's outcome, told to ``on_event`` with the next read of the study
     while True:
@@ -81,6 +83,7 @@ def run_worker(search: Search, on_event: Callable[[TrialEvent], None] | None = N
         finished = None
         counted = sum(counts(t) for t in trials)
         if counted >= target:
+            _refresh_note(note, study, force=True)
             return trained
         if counted + sum(in_flight(t) for t in trials) >= target:
             fail_abandoned(study, search.storage, search.study_id)
@@ -118,6 +121,8 @@ def run_worker(search: Search, on_event: Callable[[TrialEvent], None] | None = N
                 except optuna.exceptions.UpdateFinishedTrialError:  # this process starved, its heartbeat went
                     state, reason = "stale", heartbeat.lost_reason()  # another worker failed and re-queued it
         trained += state not in ("duplicate", "error", "stale")
+        if state not in ("duplicate", "error", "stale"):
+            _refresh_note(note, study)
         duplicate_streak = duplicate_streak + 1 if state == "duplicate" else 0
         error_streak = error_streak + 1 if state == "error" else 0
         finished = (trial.number, role, arch, seed, state, loss, time.perf_counter() - started, reason)
@@ -125,6 +130,14 @@ def run_worker(search: Search, on_event: Callable[[TrialEvent], None] | None = N
             if on_event is not None:
                 on_event(_event(search, study.get_trials(deepcopy=False), *finished))
             raise SearchAborted(f"{MAX_ERROR_STREAK} trials in a row failed with an error; last: {reason}")
+
+
+def _refresh_note(note: NoteRefresher, study: optuna.Study, force: bool = False) -> None:
+    """Refresh the dashboard note; a failure is a warning, never a reason to stop the search."""
+    try:
+        note(study, force=force)
+    except Exception as error:  # noqa: BLE001 - the note is a convenience; the trials are what matters
+        warn_on_stderr(f"could not refresh the study's dashboard note: {type(error).__name__}: {error}"[:300])
 
 
 def _event(search: Search, trials: list[FrozenTrial], number: int, role: str, arch: ArchConfig, seed: int,

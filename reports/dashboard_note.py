@@ -1,0 +1,56 @@
+"""The study's note in optuna-dashboard: the summary sentence and the leaderboard, refreshed as trials finish.
+
+optuna-dashboard's own "best" is the single luckiest trial (one seed); the note says what the
+report says: the best shape by its mean over seeds, its honest paired gain over the baseline,
+and the tied set. ``NoteRefresher`` writes it from the search's workers at most every
+``interval_s`` seconds and once more when a worker ends, so it costs the search almost nothing.
+"""
+
+from __future__ import annotations
+
+import time
+
+import optuna
+import optuna_dashboard
+
+from reports.frame import StudyData, read_study
+from reports.summary import gain_text, honest_gain, shape_label, summarise
+
+NOTE_ROWS = 10
+
+
+def note_text(data: StudyData, top: int = NOTE_ROWS) -> str:
+    """The note, in Markdown."""
+    summary = summarise(data)
+    lines = [f"## {data.name}", "", f"**{summary.sentence}**", "",
+             "Ranked by mean validation loss over seeds; the dashboard's own *best trial* is one seed, not a shape. "
+             f"`nas report --study-name {data.name}` draws the whole picture.", ""]
+    if data.board.empty:
+        return "\n".join(lines)
+    lines += ["| rank | shape | seeds | mean loss | ± ci95 | paired gain vs baseline | tied |",
+              "|---|---|---|---|---|---|---|"]
+    shown = data.board[(data.board.index < top) | data.board["is_baseline"]]
+    for r in shown.itertuples():
+        gain = honest_gain(data, r.key) if r.key != data.baseline_key else None
+        ci = f"{r.ci95:.4f}" if r.ci95 == r.ci95 and r.ci95 is not None else "-"
+        label = shape_label(data, r.key).replace("|", "/") + (" (baseline)" if r.is_baseline else "")
+        lines.append(f"| {r.rank} | {label} | {r.seeds} | {r.mean_loss:.4f} | {ci} | "
+                     f"{gain_text(data, r.key, gain)} | {'yes' if r.key in summary.tied else ''} |")
+    return "\n".join(lines)
+
+
+def refresh_note(study: optuna.Study) -> None:
+    optuna_dashboard.save_note(study, note_text(read_study(study)))
+
+
+class NoteRefresher:
+    """Refresh the study note at most every ``interval_s`` seconds (``force`` writes it now)."""
+
+    def __init__(self, interval_s: float = 30.0) -> None:
+        self.interval_s, self._last = interval_s, -float("inf")
+
+    def __call__(self, study: optuna.Study, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self._last >= self.interval_s:
+            self._last = now
+            refresh_note(study)

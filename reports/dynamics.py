@@ -1,0 +1,96 @@
+"""Section 5: how the search went: its history, the pruning curves, parameter importances, the Pareto front.
+
+The history is drawn from the trained trials with the best *mean over seeds* so far (what the
+leaderboard ranks by); Optuna's own "best value" line would follow the single luckiest trial.
+Pruning curves, importances and the Pareto front are Optuna's (``optuna.visualization``,
+``optuna.importance``), drawn on a copy of the study that holds its trained trials only:
+duplicates (answered from an earlier trial) would count a shape twice.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import optuna
+import plotly.graph_objects as go
+from optuna.trial import TrialState
+
+from nas.study.records import counts, loss_of
+from reports.frame import StudyData
+from reports.page import Section, plot_text
+from reports.summary import shape_label
+
+ROLE_COLOURS = {"baseline": "#d95f02", "member": "#22558c", "sampled": "#22558c", "replicate": "#1b9e77",
+                "race": "#1b9e77"}
+
+
+def trained_copy(data: StudyData) -> optuna.Study:
+    """An in-memory study holding the trained trials only (complete, pruned, failed with a result)."""
+    copy = optuna.create_study(directions=data.study.directions, study_name=data.name)
+    copy.add_trials([t for t in data.trials if counts(t) and t.state in (TrialState.COMPLETE, TrialState.PRUNED)])
+    return copy
+
+
+def history_figure(data: StudyData) -> go.Figure:
+    trained = [t for t in data.trials if counts(t) and t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    fig = go.Figure()
+    for role in sorted({t.user_attrs.get("role", "sampled") for t in trained}):
+        group = [t for t in trained if t.user_attrs.get("role", "sampled") == role]
+        done = [t for t in group if t.state == TrialState.COMPLETE]  # pruned ones: see the intermediate values
+        colour = ROLE_COLOURS.get(role, "#7570b3")
+        fig.add_trace(go.Scatter(x=[t.number for t in done], y=[loss_of(t) for t in done], mode="markers",
+                                 name=role, marker={"color": colour, "size": 6},
+                                 text=[plot_text(shape_label(data, t.user_attrs["key"])) for t in done],
+                                 hovertemplate="#%{x} %{text}<br>loss %{y:.4f}<extra></extra>"))
+    steps_x, steps_y, sums = [], [], {}
+    for t in trained:  # the best mean over seeds so far, updated as each completed training arrives
+        if t.state != TrialState.COMPLETE:
+            continue
+        total, n = sums.get(t.user_attrs["key"], (0.0, 0))
+        sums[t.user_attrs["key"]] = (total + loss_of(t), n + 1)
+        steps_x.append(t.number)
+        steps_y.append(min(total / n for total, n in sums.values()))
+    fig.add_trace(go.Scatter(x=steps_x, y=steps_y, mode="lines", line_shape="hv",
+                             name="best shape's mean over seeds so far<br>(replicates can raise it)",
+                             line={"color": "#1d2733", "width": 2}))
+    fig.update_xaxes(title_text="trial")
+    fig.update_yaxes(title_text="validation loss")
+    fig.update_layout(height=420, title="Optimisation history (completed trainings; pruned ones are in the next chart)",
+                      margin={"t": 50, "l": 60, "r": 20, "b": 50})
+    return fig
+
+
+def dynamics_section(data: StudyData) -> Section:
+    section = Section("dynamics", "Search dynamics",
+                      "Read off whether the search still improves (history), where the pruner stopped shapes "
+                      "(intermediate values), which parameters decided the loss (importances) and, with several "
+                      "objectives, the trade-off front.")
+    copy = trained_copy(data)
+    complete = copy.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    if not complete and not copy.get_trials(deepcopy=False, states=(TrialState.PRUNED,)):
+        section.empty = "no trial has trained a shape to a conclusion yet"
+        return section
+    if not data.multi_objective:
+        section.figures.append(history_figure(data))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if not data.multi_objective and any(t.intermediate_values for t in copy.get_trials(deepcopy=False)):
+            fig = optuna.visualization.plot_intermediate_values(copy)
+            fig.update_layout(height=420, showlegend=False, title="Intermediate values (validation loss during "
+                              "training; pruned trials stop early)")
+            fig.update_xaxes(title_text="training tokens")
+            section.figures.append(fig)
+        target = (lambda t: t.values[0]) if data.multi_objective else None
+        try:
+            fig = optuna.visualization.plot_param_importances(copy, target=target, target_name="loss")
+            n_params = len(fig.data[0].y) if fig.data else 1
+            fig.update_layout(height=140 + 26 * n_params, title="Parameter importances (fANOVA, on the loss)")
+            section.figures.append(fig)
+        except (ValueError, RuntimeError, ZeroDivisionError) as error:
+            section.notes.append(f"Parameter importances: not available ({str(error).splitlines()[0][:160]}).")
+        if data.multi_objective and len(complete) >= 1:
+            names = [o.replace("_", " ") for o in data.objectives]
+            fig = optuna.visualization.plot_pareto_front(copy, target_names=names)
+            fig.update_layout(height=420, title="Pareto front")
+            section.figures.append(fig)
+    return section

@@ -1,0 +1,138 @@
+"""A study read through Optuna's storage into pandas: one row per trial, one per shape, and what the study was.
+
+``read_study`` is the one read a report makes: the trials (``study.get_trials``), the study's
+own description (``nas:identity``, ``nas:preset``, ``nas:data``, ``nas:baseline_key``, stored
+when ``nas search`` created it) and, when ``nas rerun`` wrote them, the full-scale re-runs.
+Everything after it works on these frames, so a report is one consistent snapshot of a
+study that a search may be writing at that moment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+import pandas as pd
+from optuna.trial import FrozenTrial, TrialState
+
+from nas.arch import format_plateaus
+from nas.study.records import RESULT_FAILURES, ShapeScores, counts, is_duplicate, scores_by_shape
+from reports.leaderboard import leaderboard
+
+TRIAL_COLUMNS = ("number", "state", "counted", "key", "seed", "role", "heads", "plateaus", "k", "d_h", "d_model",
+                 "layers", "d_model_per_layer", "d_h_over_d_model", "params", "val_loss", "status", "reason",
+                 "duplicate_of", "tokens_per_s", "wall_time_s", "eval_curve", "train_curve", "attention_distance",
+                 "intermediate_values", "values", "datetime_start", "datetime_complete")
+
+
+@dataclass
+class StudyData:
+    """One snapshot of a study: its trials as rows, its shapes' scores, and its own description."""
+
+    study: optuna.Study
+    trials: list[FrozenTrial]
+    frame: pd.DataFrame  # one row per trial (TRIAL_COLUMNS)
+    scores: dict[str, ShapeScores]  # completed trainings per shape (nas.study.records.scores_by_shape)
+    board: pd.DataFrame  # the leaderboard: one row per shape, ranked by mean loss
+    baseline_key: str | None
+    attrs: dict[str, Any] = field(default_factory=dict)  # the study's user attrs
+    reruns: pd.DataFrame | None = None  # full-scale re-runs (nas rerun), one row per run; None when there are none
+
+    @property
+    def name(self) -> str:
+        return self.study.study_name
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        return self.attrs.get("nas:identity") or {}
+
+    @property
+    def space(self) -> dict[str, Any]:
+        return self.identity.get("space") or {}
+
+    @property
+    def space_name(self) -> str:
+        return str(self.space.get("space", "unknown"))
+
+    @property
+    def preset(self) -> str:
+        return str(self.attrs.get("nas:preset", "unknown"))
+
+    @property
+    def data(self) -> str:
+        return str(self.attrs.get("nas:data", "unknown"))
+
+    @property
+    def objectives(self) -> list[str]:
+        return list(self.identity.get("objectives") or ["loss"])
+
+    @property
+    def multi_objective(self) -> bool:
+        return len(self.study.directions) > 1
+
+    @property
+    def trained(self) -> pd.DataFrame:
+        """Rows of trials that trained a shape to a conclusion (complete, pruned, failed with a result)."""
+        return self.frame[self.frame["counted"]] if not self.frame.empty else self.frame
+
+
+def _row(trial: FrozenTrial) -> dict[str, Any]:
+    a = trial.user_attrs
+    heads = a.get("heads")
+    return {
+        "number": trial.number, "state": trial.state.name, "counted": counts(trial), "key": a.get("key"),
+        "seed": a.get("seed"), "role": a.get("role"), "heads": heads,
+        "plateaus": format_plateaus(heads) if heads else None, "k": a.get("k"), "d_h": a.get("d_h"),
+        "d_model": a.get("d_model"), "layers": a.get("layers"), "d_model_per_layer": a.get("d_model_per_layer"),
+        "d_h_over_d_model": a.get("d_h_over_d_model"), "params": a.get("params"), "val_loss": a.get("val_loss"),
+        "status": a.get("status") or _status_of(trial), "reason": a.get("reason"),
+        "duplicate_of": a.get("duplicate_of"), "tokens_per_s": a.get("tokens_per_s"),
+        "wall_time_s": a.get("wall_time_s"), "eval_curve": a.get("eval_curve") or [],
+        "train_curve": a.get("train_curve") or [], "attention_distance": a.get("attention_distance") or [],
+        "intermediate_values": dict(trial.intermediate_values), "values": trial.values,
+        "datetime_start": trial.datetime_start, "datetime_complete": trial.datetime_complete,
+    }
+
+
+def _status_of(trial: FrozenTrial) -> str:
+    return {TrialState.COMPLETE: "ok", TrialState.PRUNED: "pruned", TrialState.RUNNING: "running",
+            TrialState.WAITING: "waiting"}.get(trial.state, "failed")
+
+
+def read_study(study: optuna.Study, reruns: pd.DataFrame | None = None) -> StudyData:
+    """The snapshot of ``study`` (see the module docstring); ``reruns`` as ``reports.reruns.read_reruns`` gives."""
+    trials = study.get_trials(deepcopy=False)
+    frame = pd.DataFrame([_row(t) for t in trials], columns=list(TRIAL_COLUMNS))
+    attrs = dict(study.user_attrs)
+    return StudyData(study=study, trials=trials, frame=frame, scores=scores_by_shape(trials),
+                     board=leaderboard(study), baseline_key=attrs.get("nas:baseline_key"), attrs=attrs,
+                     reruns=reruns)
+
+
+def outcome_counts(data: StudyData) -> dict[str, int]:
+    """How the study's trials ended: complete, pruned, failed results by reason, duplicates, and the rest.
+
+    ``failed (...)`` keys count trained shapes that failed with a result (diverged, out of memory);
+    ``interrupted``, ``killed or crashed`` and ``running`` count trials that did not train a shape to a
+    conclusion (they are re-queued, and do not count towards ``--trials``).
+    """
+    tally: dict[str, int] = {"complete": 0, "pruned": 0}
+    for t in data.trials:
+        status = t.user_attrs.get("status")
+        if is_duplicate(t):
+            name = "duplicates"
+        elif t.user_attrs.get("surplus"):
+            name = "surplus"
+        elif t.state == TrialState.COMPLETE:
+            name = "complete"
+        elif t.state == TrialState.PRUNED:
+            name = "pruned"
+        elif t.state == TrialState.FAIL and status in RESULT_FAILURES:
+            name = f"failed ({status})"
+        elif t.state == TrialState.FAIL:
+            name = "interrupted" if status == "interrupted" else "killed or crashed"
+        else:
+            name = t.state.name.lower()
+        tally[name] = tally.get(name, 0) + 1
+    return tally

@@ -1,0 +1,90 @@
+"""``nas report``: one self-contained HTML page that answers "which shape, and how sure are we?".
+
+Sections, in order: the summary (counts, best shape against the baseline, one plain sentence),
+the leaderboard (the numbers of ``nas best``, with each shape's paired gain), the staircases,
+the width-depth / bottleneck / stack-depth curves, the search dynamics, the training curves
+with milestones, the attention distances, and the full-scale re-runs. A section with nothing
+to draw says so in one line.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import nas
+from reports.attention import attention_section
+from reports.curves import curves_section
+from reports.dynamics import dynamics_section
+from reports.frame import StudyData
+from reports.page import Section, render_page, table, text
+from reports.reruns import reruns_section
+from reports.staircases import staircase_section
+from reports.summary import Summary, gain_text, honest_gain, shape_label, summarise
+from reports.training import training_section
+
+PLOTLYJS_MODES = ("inline", "cdn")
+# how the leaderboard and summary tables show their numbers
+SHAPE_FORMATS = {"mean loss": "{:.4f}", "± ci95": "{:.4f}", "± 95 % CI": "{:.4f}", "gain % (means)": "{:+.2f}",
+                 "params": "{:,}", "tokens/s": "{:,.0f}", "tokens/s vs baseline": "{:.2f}x"}
+
+
+def summary_section(data: StudyData, summary: Summary) -> Section:
+    counts = ", ".join(f"{n} {what}" for what, n in summary.counts.items() if n or what in ("complete", "pruned"))
+    facts = [{"study": data.name, "space": data.space_name, "preset": data.preset, "data": data.data,
+              "objectives": ", ".join(data.objectives), "trials": len(data.trials), "outcomes": counts}]
+    html = (f'<p class="verdict">{text(summary.sentence)}</p>' + table(facts)
+            + table(summary.rows, css="board", formats=SHAPE_FORMATS))
+    if summary.gain is not None and summary.gain.pooled:
+        html += ('<p class="note">The interval of the best shape uses the study\'s pooled paired-difference sd: '
+                 "it has one paired seed besides the one that selected it.</p>")
+    return Section("summary", "Summary", "Read off the answer: the best shape against the uniform baseline "
+                   "(paired gain on common seeds, leaving out the seed that selected it), and what is tied with it.",
+                   html=html)
+
+
+def leaderboard_section(data: StudyData, summary: Summary, top: int) -> Section:
+    section = Section("leaderboard", "Leaderboard",
+                      "Read off the ranking by mean validation loss over seeds (the numbers of `nas best`), each "
+                      "shape's paired gain over the baseline on common seeds, and which shapes are tied with the best.")
+    if data.board.empty:
+        section.empty = "no shape has completed a training yet"
+        return section
+    tied = set(summary.tied)
+    shown = data.board[(data.board.index < top) | data.board["is_baseline"]]
+    rows = []
+    for r in shown.itertuples():
+        gain = honest_gain(data, r.key) if r.key != data.baseline_key else None
+        rows.append({"rank": r.rank, "shape": shape_label(data, r.key), "seeds": r.seeds, "mean loss": r.mean_loss,
+                     "± ci95": r.ci95, "gain % (means)": r.gain_pct,
+                     "paired gain vs baseline": gain_text(data, r.key, gain),
+                     "tied with best": r.key in tied, "params": r.params, "tokens/s": r.tokens_per_s,
+                     "baseline": r.is_baseline, "trials": r.trials})
+    section.html = table(rows, css="board", formats=SHAPE_FORMATS)
+    if len(data.board) > len(shown):
+        section.notes.append(f"{len(data.board) - len(shown)} more shapes are not shown (--top {top}).")
+    return section
+
+
+def build_report(data: StudyData, top: int = 10, plotlyjs: str = "inline") -> str:
+    """The whole page for the snapshot ``data``."""
+    summary = summarise(data)
+    sections = [summary_section(data, summary), leaderboard_section(data, summary, top), staircase_section(data),
+                curves_section(data), dynamics_section(data), training_section(data), attention_section(data),
+                reruns_section(data)]
+    made = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    subtitle = f"{data.space_name} space, preset {data.preset}, data {data.data}: {summary.sentence}"
+    return render_page(f"prism-nas report: {data.name}", subtitle, sections, plotlyjs,
+                       f"prism-nas {nas.__version__}, made {made} from {len(data.trials)} trials.")
+
+
+def write_report(data: StudyData, path: str | Path, top: int = 10, plotlyjs: str = "inline") -> tuple[Path, float]:
+    """Write the page to ``path`` (through a temporary file, so a reader never sees half a page); (path, seconds)."""
+    started = time.perf_counter()
+    page = build_report(data, top, plotlyjs)
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(page, encoding="utf-8")
+    tmp.replace(path)
+    return path, time.perf_counter() - started

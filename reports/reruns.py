@@ -1,0 +1,84 @@
+"""Section 8: full-scale re-runs (``nas rerun``) against the proxy's ranking: ranks side by side, Kendall tau.
+
+``nas rerun`` writes each target preset's runs into a study of its own in the same storage,
+named ``rerun_study_name(proxy study, preset)`` and marked with the study user attr
+``nas:rerun_of``; each completed run carries ``proxy_key`` (the shape at the proxy) and ``seed``.
+Kendall tau compares the shapes' mean proxy loss with their mean full-scale loss; its interval
+is a bootstrap over seeds on both sides (``reports.statistics.kendall_tau``).
+"""
+
+from __future__ import annotations
+
+from statistics import fmean
+
+import optuna
+import pandas as pd
+import plotly.graph_objects as go
+from optuna.trial import TrialState
+
+from reports.frame import StudyData
+from reports.page import Section, plot_text, table, text
+from reports.statistics import kendall_tau
+from reports.summary import shape_label
+
+RERUN_MARK = "nas:rerun_of"
+
+
+def rerun_study_name(proxy_study: str, preset: str) -> str:
+    """The study that holds ``proxy_study``'s re-runs at ``preset``."""
+    return f"{proxy_study}:rerun:{preset}"
+
+
+def read_reruns(storage: optuna.storages.BaseStorage | str, proxy_study: str) -> pd.DataFrame | None:
+    """Every completed re-run of ``proxy_study``'s shapes in ``storage``: preset, proxy key, seed, loss, speed."""
+    rows = []
+    for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
+        if summary.user_attrs.get(RERUN_MARK) != proxy_study:
+            continue
+        study = optuna.load_study(study_name=summary.study_name, storage=storage)
+        preset = summary.user_attrs.get("nas:preset", summary.study_name)
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            a = t.user_attrs
+            rows.append({"preset": preset, "proxy_key": a.get("proxy_key"), "key": a.get("key"),
+                         "seed": a.get("seed"), "role": a.get("role"), "val_loss": t.values[0],
+                         "tokens_per_s": a.get("tokens_per_s"), "mfu": a.get("mfu"), "tokens": a.get("tokens_seen")})
+    return pd.DataFrame(rows) if rows else None
+
+
+def reruns_section(data: StudyData) -> Section:
+    section = Section("reruns", "Full-scale re-runs",
+                      "Read off whether the proxy's ranking held when the best shapes and the baseline were trained "
+                      "for real: proxy rank against full rank, and Kendall tau with its interval.")
+    if data.reruns is None or data.reruns.empty:
+        section.empty = (f"no full-scale re-runs are stored for this study yet: `nas rerun --study-name {data.name} "
+                         "--top K --preset NAME` trains the best shapes and the baseline at a target preset and "
+                         "writes them here")
+        return section
+    for preset, runs in data.reruns.groupby("preset", sort=True):
+        full = {key: list(group["val_loss"]) for key, group in runs.groupby("proxy_key")}
+        proxy = {key: list(data.scores[key].losses) for key in full if key in data.scores}
+        agreement = kendall_tau(proxy, full)
+        proxy_rank = {key: i for i, key in enumerate(sorted(proxy, key=lambda k: fmean(proxy[k])), start=1)}
+        full_rank = {key: i for i, key in enumerate(sorted(full, key=lambda k: fmean(full[k])), start=1)}
+        rows = [{"shape": shape_label(data, key) + (" (baseline)" if key == data.baseline_key else ""),
+                 "proxy rank": proxy_rank.get(key), "proxy mean loss": fmean(proxy[key]) if key in proxy else None,
+                 "full rank": full_rank[key], "full mean loss": fmean(full[key]), "full seeds": len(full[key]),
+                 "tokens/s": fmean(runs[runs["proxy_key"] == key]["tokens_per_s"].dropna())
+                 if runs[runs["proxy_key"] == key]["tokens_per_s"].notna().any() else None}
+                for key in sorted(full, key=lambda k: full_rank[k])]
+        verdict = (f"preset {preset}: Kendall tau {agreement.tau:+.2f} (95 % bootstrap interval "
+                   f"[{agreement.low:+.2f}, {agreement.high:+.2f}] over seeds, {agreement.n_shapes} shapes); "
+                   f"top-{agreement.top_k} overlap {agreement.top_overlap} of {agreement.top_k}"
+                   if agreement else f"preset {preset}: fewer than 2 shapes with both proxy and full results")
+        section.html += f'<p class="verdict">{text(verdict)}</p>' + table(rows)
+        if proxy:
+            fig = go.Figure(go.Scatter(
+                x=[fmean(proxy[k]) for k in proxy], y=[fmean(full[k]) for k in proxy], mode="markers+text",
+                text=[str(proxy_rank[k]) for k in proxy], textposition="top center",
+                hovertext=[plot_text(shape_label(data, k)) for k in proxy], name=str(preset)))
+            fig.update_xaxes(title_text="proxy mean validation loss")
+            fig.update_yaxes(title_text=f"full-scale mean validation loss ({plot_text(preset)})")
+            fig.update_layout(height=400, title=f"Proxy against full scale ({plot_text(preset)}); labels: proxy rank",
+                              margin={"t": 40, "l": 60, "r": 20, "b": 50})
+            section.figures.append(fig)
+    return section

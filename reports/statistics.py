@@ -1,0 +1,170 @@
+"""Paired comparisons of shapes on common seeds, the set tied with the best, and rank agreement (Kendall tau).
+
+Shapes are compared on the seeds both trained (same data order at a seed; Prism members also
+share their initial weights), which removes most of the seed-to-seed noise one shape's score
+carries. For a shape ``c`` and a reference ``r`` on common seeds ``s``::
+
+    d_s = L_r,s - L_c,s                     (positive: c is better)
+    gain % = 100 mean(d) / mean(L_r,s)      CI: mean(d) +- t_{0.975, df} sd(d) / sqrt(n), in % of mean(L_r,s)
+
+With one common seed ``sd(d)`` is not estimable from the pair itself; it is then taken from the
+study's pooled paired-difference sd (``pooled_paired_sd``: the within-pair variances of every
+shape that has two or more common seeds with the reference, pooled with their degrees of
+freedom), which ``t`` uses as its ``df``. Tests and quantiles come from ``scipy.stats``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass
+from statistics import fmean, stdev
+
+from scipy import stats
+
+from nas.study.records import ShapeScores
+
+ALPHA = 0.05  # two-sided 95 % intervals; tests at 5 %
+
+
+@dataclass(frozen=True)
+class PairedGain:
+    """A shape's gain over a reference on their common seeds (see the module docstring)."""
+
+    n: int  # common seeds used
+    mean_difference: float  # mean of L_ref - L_shape (nats)
+    gain_pct: float
+    low_pct: float | None  # 95 % interval of gain_pct; None when no sd is available
+    high_pct: float | None
+    p_value: float | None  # two-sided, H0: no difference
+    sd: float | None  # the paired-difference sd used (own, or pooled)
+    pooled: bool = False  # sd from the study's pool rather than this pair
+
+    @property
+    def significant(self) -> bool:
+        return self.p_value is not None and self.p_value < ALPHA
+
+    def interval_text(self) -> str:
+        if self.low_pct is None:
+            return f"{self.gain_pct:+.2f} % (no interval: {self.n} seed)"
+        return f"{self.gain_pct:+.2f} % (95 % CI [{self.low_pct:+.2f}, {self.high_pct:+.2f}], n={self.n})"
+
+
+def common_differences(shape: ShapeScores, reference: ShapeScores,
+                       exclude_seeds: Iterable[int] = ()) -> list[tuple[int, float, float]]:
+    """``(seed, d_s, L_ref,s)`` for the common seeds not excluded, ``d_s = L_ref,s - L_shape,s``."""
+    skip = set(exclude_seeds)
+    mine = dict(zip(shape.seeds, shape.losses))
+    theirs = dict(zip(reference.seeds, reference.losses))
+    return [(s, theirs[s] - mine[s], theirs[s]) for s in sorted(set(mine) & set(theirs) - skip)]
+
+
+def pooled_paired_sd(scores: dict[str, ShapeScores], reference: str) -> tuple[float | None, int]:
+    """The pooled sd of paired differences against ``reference`` over every shape with >= 2 common seeds, and its df."""
+    ref = scores.get(reference)
+    if ref is None:
+        return None, 0
+    sum_squares, df = 0.0, 0
+    for key, shape in scores.items():
+        if key == reference:
+            continue
+        d = [x for _, x, _ in common_differences(shape, ref)]
+        if len(d) >= 2:
+            sum_squares += (len(d) - 1) * stdev(d) ** 2
+            df += len(d) - 1
+    return (math.sqrt(sum_squares / df), df) if df else (None, 0)
+
+
+def paired_gain(shape: ShapeScores, reference: ShapeScores, exclude_seeds: Iterable[int] = (),
+                pooled: tuple[float | None, int] = (None, 0)) -> PairedGain | None:
+    """``shape``'s gain over ``reference`` on common seeds (None without any); ``pooled`` backs a single pair."""
+    pairs = common_differences(shape, reference, exclude_seeds)
+    if not pairs:
+        return None
+    d = [x for _, x, _ in pairs]
+    n, mean_d, base = len(d), fmean(d), fmean(r for _, _, r in pairs)
+    sd, df, from_pool = (stdev(d), n - 1, False) if n >= 2 else (pooled[0], pooled[1], True)
+    if sd is None or df < 1:
+        return PairedGain(n, mean_d, 100 * mean_d / base, None, None, None, None)
+    se = sd / math.sqrt(n)
+    half = float(stats.t.ppf(1 - ALPHA / 2, df)) * se
+    if se > 0:
+        p = float(2 * stats.t.sf(abs(mean_d) / se, df))
+    else:
+        p = 0.0 if mean_d != 0 else 1.0
+    return PairedGain(n, mean_d, 100 * mean_d / base, 100 * (mean_d - half) / base, 100 * (mean_d + half) / base,
+                      p, sd, from_pool and n < 2)
+
+
+def holm_rejections(p_values: dict[str, float], alpha: float = ALPHA) -> set[str]:
+    """Holm's step-down procedure: the hypotheses rejected at family-wise error ``alpha``."""
+    rejected: set[str] = set()
+    ordered = sorted(p_values.items(), key=lambda item: item[1])
+    for i, (key, p) in enumerate(ordered):
+        if p > alpha / (len(ordered) - i):
+            break
+        rejected.add(key)
+    return rejected
+
+
+def tied_set(scores: dict[str, ShapeScores], best: str, alpha: float = ALPHA) -> list[str]:
+    """Shapes not distinguishable from ``best``: ``best`` itself, then every shape that a one-sided paired test
+    (H0: not worse than ``best``) with Holm's correction over all of them does not reject, in ranking order.
+
+    A shape with no common seed with ``best`` cannot be compared and stays tied.
+    """
+    if best not in scores:
+        return []
+    pooled = pooled_paired_sd(scores, best)
+    p_values, untestable = {}, []
+    for key, shape in scores.items():
+        if key == best:
+            continue
+        gain = paired_gain(shape, scores[best], pooled=pooled)  # gain of shape over best: negative when worse
+        if gain is None or gain.sd is None:
+            untestable.append(key)
+        elif gain.sd == 0:
+            p_values[key] = 0.0 if gain.mean_difference < 0 else 1.0
+        else:
+            df = gain.n - 1 if not gain.pooled else pooled[1]
+            t = -gain.mean_difference / (gain.sd / math.sqrt(gain.n))
+            p_values[key] = float(stats.t.sf(t, df))
+    worse = holm_rejections(p_values, alpha)
+    tied = [key for key in scores if key != best and key not in worse]
+    return [best] + sorted(tied, key=lambda key: (scores[key].mean, scores[key].first_trial))
+
+
+@dataclass(frozen=True)
+class RankAgreement:
+    """Kendall tau between two rankings of the same shapes, with a bootstrap interval over seeds."""
+
+    tau: float
+    low: float
+    high: float
+    n_shapes: int
+    top_overlap: int  # shapes in both top-k
+    top_k: int
+
+
+def kendall_tau(proxy: dict[str, list[float]], full: dict[str, list[float]], top_k: int = 3,
+                resamples: int = 2000, seed: int = 0) -> RankAgreement | None:
+    """tau between the shapes' mean proxy loss and mean full-scale loss (shapes in both), and its 95 % bootstrap
+    percentile interval: each resample draws every shape's seeds with replacement on both sides."""
+    keys = sorted(set(proxy) & set(full))
+    if len(keys) < 2:
+        return None
+
+    def tau_of(p: list[float], f: list[float]) -> float:
+        value = stats.kendalltau(p, f).statistic
+        return 0.0 if value is None or math.isnan(value) else float(value)
+
+    tau = tau_of([fmean(proxy[k]) for k in keys], [fmean(full[k]) for k in keys])
+    rng = random.Random(seed)
+    draws = sorted(tau_of([fmean(rng.choices(proxy[k], k=len(proxy[k]))) for k in keys],
+                          [fmean(rng.choices(full[k], k=len(full[k]))) for k in keys]) for _ in range(resamples))
+    low, high = draws[int(0.025 * resamples)], draws[min(resamples - 1, int(0.975 * resamples))]
+    k = min(top_k, len(keys))
+    top = set(sorted(keys, key=lambda key: fmean(proxy[key]))[:k])
+    top_full = set(sorted(keys, key=lambda key: fmean(full[key]))[:k])
+    return RankAgreement(tau, low, high, len(keys), len(top & top_full), k)

@@ -1,0 +1,110 @@
+"""The answer in one paragraph: the best shape against the baseline, how sure we are, and the tied set.
+
+The best shape is the one with the lowest mean validation loss over its seeds. Its gain over
+the baseline is paired (common seeds, ``reports.statistics.paired_gain``) and, to be honest
+about selection, leaves out the seeds that selected it: a shape reaches the top of the
+leaderboard partly because its first-pass seed was lucky, so that seed (its trials with role
+``member`` or ``sampled``) does not enter its interval; the replicates do. The summary
+sentence then says either
+
+    "<shape> beats the baseline by g % (95 % CI [a, b], n paired seeds)"
+
+when that interval lies above zero, or "no shape is distinguishable from the baseline at this
+proxy budget; the tied set is ..." otherwise, the tied set being the shapes a Holm-corrected
+paired test cannot tell from the best (``reports.statistics.tied_set``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from nas.arch import ArchConfig
+from reports.frame import StudyData, outcome_counts
+from reports.statistics import PairedGain, paired_gain, pooled_paired_sd, tied_set
+
+SELECTING_ROLES = ("member", "sampled")  # the first-pass trials by which a shape entered the top of the board
+TIED_NAMES_SHOWN = 5
+
+
+def shape_label(data: StudyData, key: str) -> str:
+    """``h=3x2,6x2,12x8 K1x256 d96 L12`` for a shape of the study (its key when the shape is unknown)."""
+    for t in data.trials:
+        if t.user_attrs.get("key") == key and t.user_attrs.get("arch"):
+            return ArchConfig.from_dict(t.user_attrs["arch"]).label()
+    return key
+
+
+def selecting_seeds(data: StudyData, key: str) -> set[int]:
+    """The seeds of ``key``'s first-pass trials: what selected it, and so not what may estimate its gain."""
+    if key == data.baseline_key:
+        return set()
+    return {int(t.user_attrs.get("seed", 0)) for t in data.trials
+            if t.user_attrs.get("key") == key and t.user_attrs.get("role") in SELECTING_ROLES}
+
+
+def honest_gain(data: StudyData, key: str) -> PairedGain | None:
+    """``key``'s paired gain over the baseline on the common seeds that did not select it."""
+    if data.baseline_key not in data.scores or key not in data.scores:
+        return None
+    pooled = pooled_paired_sd(data.scores, data.baseline_key)
+    return paired_gain(data.scores[key], data.scores[data.baseline_key], selecting_seeds(data, key), pooled)
+
+
+def gain_text(data: StudyData, key: str, gain: PairedGain | None) -> str:
+    """A paired gain as text; why there is none when there is none."""
+    if gain is not None:
+        return gain.interval_text()
+    return "-" if key == data.baseline_key else "no seed besides the one that selected it"
+
+
+@dataclass
+class Summary:
+    """What the summary section and the dashboard note say."""
+
+    counts: dict[str, int]
+    best: str | None  # the best shape's key
+    sentence: str
+    gain: PairedGain | None = None  # the best shape's honest paired gain over the baseline
+    tied: list[str] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)  # best and baseline side by side
+
+
+def _side(data: StudyData, key: str, what: str, gain: PairedGain | None) -> dict[str, Any]:
+    row = data.board[data.board["key"] == key].iloc[0]
+    base = data.board[data.board["key"] == data.baseline_key]
+    speed = row["tokens_per_s"]
+    base_speed = base.iloc[0]["tokens_per_s"] if not base.empty else None
+    return {"": what, "shape": shape_label(data, key), "seeds": int(row["seeds"]), "mean loss": row["mean_loss"],
+            "± 95 % CI": row["ci95"],
+            "paired gain vs baseline": gain_text(data, key, gain),
+            "params": row["params"],
+            "tokens/s vs baseline": speed / base_speed if speed and base_speed else None}
+
+
+def summarise(data: StudyData) -> Summary:
+    """The best shape, its honest gain, the tied set and the plain sentence (see the module docstring)."""
+    counts = outcome_counts(data)
+    if data.board.empty:
+        return Summary(counts, None, "no shape has completed a training yet: nothing to compare")
+    best = str(data.board.iloc[0]["key"])
+    tied = tied_set(data.scores, best)
+    names = [shape_label(data, key) for key in tied[:TIED_NAMES_SHOWN]]
+    more = f" and {len(tied) - TIED_NAMES_SHOWN} more" if len(tied) > TIED_NAMES_SHOWN else ""
+    tied_text = "; ".join(names) + more
+    if data.baseline_key not in data.scores:
+        sentence = f"the baseline has no completed training yet; the best shape so far is {shape_label(data, best)}"
+        return Summary(counts, best, sentence, None, tied)
+    gain = honest_gain(data, best) if best != data.baseline_key else None
+    rows = [_side(data, best, "best", gain)] if best != data.baseline_key else []
+    rows.append(_side(data, data.baseline_key, "baseline", None))
+    if gain is not None and gain.low_pct is not None and gain.low_pct > 0:
+        sentence = (f"{shape_label(data, best)} beats the baseline by {gain.gain_pct:.2f} % "
+                    f"(95 % CI [{gain.low_pct:.2f}, {gain.high_pct:.2f}], {gain.n} paired seeds)")
+    elif best == data.baseline_key:
+        sentence = (f"no shape beats the baseline at this proxy budget: the baseline has the lowest mean loss; "
+                    f"the tied set is {tied_text}")
+    else:
+        sentence = f"no shape is distinguishable from the baseline at this proxy budget; the tied set is {tied_text}"
+    return Summary(counts, best, sentence, gain, tied, rows)
+

@@ -1,0 +1,205 @@
+"""``nas report`` on studies made with Optuna's API (no training): every section, or its one-line "no data"."""
+
+from __future__ import annotations
+
+import re
+from html import unescape
+from html.parser import HTMLParser
+
+import optuna
+import pytest
+from typer.testing import CliRunner
+
+from benchmarks.synthetic_studies import SyntheticSpec, synthetic_study
+from nas.arch import uniform
+from nas.cli import app
+from nas.study.records import shape_attrs
+from reports.frame import outcome_counts, read_study
+from reports.html import build_report
+from reports.summary import summarise
+
+SECTIONS = ("summary", "leaderboard", "staircases", "width-depth", "dynamics", "training", "attention", "reruns")
+
+
+class Page(HTMLParser):
+    """What a reader sees: each section's one-line 'empty' text, its figure divs, and every <script> tag."""
+
+    def __init__(self, html: str) -> None:
+        super().__init__()
+        self.section: str | None = None
+        self.in_empty = False
+        self.empty: dict[str, str] = {}
+        self.figures: dict[str, int] = {}
+        self.scripts: list[dict] = []
+        self.feed(html)
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "section":
+            self.section = attrs["id"]
+            self.figures[self.section] = 0
+        elif tag == "p" and attrs.get("class") == "empty":
+            self.in_empty = True
+        elif tag == "div" and attrs.get("class") == "figure":
+            self.figures[self.section] += 1
+        elif tag == "script":
+            self.scripts.append(attrs)
+
+    def handle_endtag(self, tag):
+        self.in_empty = self.in_empty and tag != "p"
+
+    def handle_data(self, data):
+        if self.in_empty:
+            self.empty[self.section] = self.empty.get(self.section, "") + data
+
+
+def page_of(study: optuna.Study, **kwargs) -> tuple[str, Page]:
+    html = build_report(read_study(study), **kwargs)
+    return html, Page(html)
+
+
+@pytest.fixture(autouse=True)
+def quiet():
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def test_a_prism_study_has_staircases_and_attention_and_says_it_has_no_width_depth_axis():
+    html, page = page_of(synthetic_study(SyntheticSpec(space="prism", trials=160)))
+    assert list(page.figures) == list(SECTIONS)
+    assert page.figures["staircases"] == 1 and page.figures["attention"] == 2 and page.figures["training"] == 2
+    assert page.figures["dynamics"] == 3  # history, intermediate values, importances
+    assert "a prism study keeps d_model and L fixed" in page.empty["width-depth"]
+    assert "no full-scale re-runs are stored for this study yet" in page.empty["reruns"]
+    assert set(page.empty) == {"width-depth", "reruns"}
+    assert len([s for s in page.scripts if not s.get("src")]) == 1 + sum(page.figures.values())  # plotly.js once
+    assert html.count("Plotly.newPlot") == sum(page.figures.values())
+
+
+@pytest.mark.parametrize("space", ["hourglass", "joint"])
+def test_hourglass_and_joint_studies_draw_the_three_curves(space):
+    html, page = page_of(synthetic_study(SyntheticSpec(space=space, trials=120)))
+    assert page.figures["width-depth"] == 3 and "width-depth" not in page.empty
+    assert "Fit: loss = a + b x + c x^2 in x = log(d_model/L)" in html and "minimum at d_model/L = " in html
+    assert "far from the paper's optimum band 100-250" in unescape(html)  # the proxy's d_model/L is ~2-36
+    if space == "hourglass":
+        assert "hourglass study" in page.empty["staircases"] and "hourglass study" in page.empty["attention"]
+    else:
+        assert page.figures["staircases"] == 1
+
+
+def test_the_width_depth_minimum_found_is_the_synthetic_truth():
+    from benchmarks.synthetic_studies import OPTIMUM_RATIO
+
+    html, _ = page_of(synthetic_study(SyntheticSpec(space="hourglass", trials=150, seed=3)))
+    minimum = float(re.search(r"minimum at d_model/L = ([0-9.]+)", html).group(1))
+    low, high = (float(v) for v in re.search(r"95 % bootstrap interval \[([0-9.]+), ([0-9.]+)\]", html).groups())
+    assert low <= OPTIMUM_RATIO <= high and abs(minimum - OPTIMUM_RATIO) / OPTIMUM_RATIO < 0.3
+
+
+def test_an_empty_study_says_so_in_every_section():
+    study = optuna.create_study(study_name="empty")
+    study.set_user_attr("nas:baseline_key", uniform(4, 32, 4, 256).key())
+    _, page = page_of(study)
+    assert set(page.empty) == set(SECTIONS) - {"summary"} and sum(page.figures.values()) == 0
+    assert "no shape has completed a training yet" in page.empty["leaderboard"]
+
+
+def test_a_study_of_failures_only_counts_them_by_reason_and_draws_nothing():
+    study = synthetic_study(SyntheticSpec(space="prism", trials=12, failures_only=True))
+    data = read_study(study)
+    assert outcome_counts(data) == {"complete": 0, "pruned": 0, "failed (diverged)": 12, "duplicates": 1}
+    html, page = page_of(study)
+    assert "12 failed (diverged)" in html and "no shape has completed a training yet" in html
+    assert sum(page.figures.values()) == 0
+
+
+@pytest.mark.parametrize("objective", ["params", "tokens_per_s"])
+def test_a_multi_objective_study_draws_its_pareto_front(objective):
+    html, page = page_of(synthetic_study(SyntheticSpec(space="hourglass", trials=40, objectives=("loss", objective))))
+    assert "Pareto front" in html and page.figures["dynamics"] == 2  # importances, the front (no 1-D history)
+
+
+def test_a_study_of_a_thousand_trials_reports_every_section():
+    study = synthetic_study(SyntheticSpec(space="joint", trials=1000, seed=5))
+    assert len(study.trials) > 1000
+    _, page = page_of(study)
+    assert page.figures["width-depth"] == 3 and page.figures["staircases"] == 1 and page.figures["dynamics"] == 3
+
+
+def test_every_stored_string_is_escaped():
+    evil = "<script>alert(1)</script>"
+    study = optuna.create_study(study_name=evil)
+    base = uniform(4, 32, 4, 256)
+    study.set_user_attr("nas:baseline_key", base.key())
+    study.set_user_attr("nas:data", '<img src=x onerror="alert(2)">')
+    study.set_user_attr("nas:preset", "<b>cpu</b>")
+    study.add_trial(optuna.trial.create_trial(value=3.0, user_attrs={**shape_attrs(base, 0, "baseline"),
+                                                                     "val_loss": 3.0, "tokens_per_s": 1.0,
+                                                                     "eval_curve": [[10, 3.0]],
+                                                                     "reason": "</td><script>alert(3)</script>"}))
+    html, page = page_of(study)
+    assert "<script>alert" not in html and "<img src=x" not in html and "<b>cpu</b>" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert all(s.get("type") == "text/javascript" or s.get("src") is None for s in page.scripts)
+
+
+def test_the_summary_sentence_names_a_real_gain_and_otherwise_the_tied_set():
+    # the synthetic prism gain (0.1 % for wide-headed first plateaus) against seed noise of 0.03 nats, with 6 spare
+    # trials after the 129 members: nothing can be resolved, and the best by mean is one lucky seed
+    short = summarise(read_study(synthetic_study(SyntheticSpec(space="prism", trials=135, seed=2))))
+    assert short.sentence.startswith("no shape is distinguishable from the baseline at this proxy budget; "
+                                     "the tied set is ") and short.gain is None  # no seed but the selecting one
+    assert short.best in short.tied and len(short.tied) > 10
+    study = optuna.create_study(study_name="clear")
+    base, better = uniform(4, 32, 4, 256), uniform(4, 32, 4, 256).replace(heads=[2, 2, 4, 4])
+    study.set_user_attr("nas:baseline_key", base.key())
+    for seed in range(6):
+        for arch, role, loss in ((base, "baseline" if seed == 0 else "replicate", 3.0 + 0.05 * seed),
+                                 (better, "member" if seed == 0 else "replicate", 2.9 + 0.05 * seed + 0.001 * seed)):
+            study.add_trial(optuna.trial.create_trial(value=loss, user_attrs={**shape_attrs(arch, seed, role),
+                                                                              "val_loss": loss}))
+    clear = summarise(read_study(study))
+    assert clear.sentence.startswith("h=2x2,4x2 K1x88 d32 L4 beats the baseline by 3.") and "5 paired seeds" in \
+        clear.sentence  # seed 0 selected it: the interval uses the 5 others
+    assert clear.gain.n == 5 and clear.gain.low_pct > 0
+
+
+def test_nas_report_writes_the_file_and_cdn_mode_is_small(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'r.db'}"
+    synthetic_study(SyntheticSpec(space="prism", trials=30), storage=storage, name="prism-cpu")
+    out = tmp_path / "report.html"
+    result = CliRunner().invoke(app, ["report", "--storage", storage, "-o", str(out)])  # the only study
+    assert result.exit_code == 0, result.output
+    assert re.fullmatch(r"wrote \S+report\.html \(\d\.\d MB, 3\d trials, \d+\.\d s\)\n", result.stderr)
+    assert 4_000_000 < out.stat().st_size < 8_000_000  # plotly.js inline, once
+    small = tmp_path / "small.html"
+    result = CliRunner().invoke(app, ["report", "--storage", storage, "--plotlyjs", "cdn", "-o", str(small)])
+    assert result.exit_code == 0 and small.stat().st_size < 1_000_000
+    assert re.search(r'<script src="https://cdn\.plot\.ly/plotly-[0-9.]+\.min\.js"', small.read_text())
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--study-name", "nope"], "no study 'nope'"),
+    (["--top", "0"], "--top 0 is invalid"),
+    (["-o", "."], "is a directory"),
+    (["-o", "no/such/folder/r.html"], "does not exist"),
+    (["--plotlyjs", "svg"], "'svg' is not one of 'inline', 'cdn'"),
+    (["--storage", "sqlite:///missing.db"], "storage file 'missing.db' does not exist"),
+])
+def test_nas_report_with_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, args, says):
+    monkeypatch.chdir(tmp_path)
+    storage = f"sqlite:///{tmp_path / 'r.db'}"
+    synthetic_study(SyntheticSpec(space="prism", trials=5), storage=storage, name="one")
+    result = CliRunner().invoke(app, ["report", "--storage", storage, *args])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], result.stderr
+    assert not (tmp_path / "missing.db").exists()  # a report never creates a storage
+
+
+def test_nas_report_without_a_study_name_lists_the_studies(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'two.db'}"
+    for name in ("alpha", "beta"):
+        synthetic_study(SyntheticSpec(space="prism", trials=3), storage=storage, name=name)
+    result = CliRunner().invoke(app, ["report", "--storage", storage])
+    assert result.exit_code == 2 and "holds 2 studies (alpha, beta)" in result.stderr
