@@ -70,7 +70,8 @@ def reruns_section(data: StudyData) -> Section:
                    f"[{agreement.low:+.2f}, {agreement.high:+.2f}] over seeds, {agreement.n_shapes} shapes); "
                    f"top-{agreement.top_k} overlap {agreement.top_overlap} of {agreement.top_k}"
                    if agreement else f"preset {preset}: fewer than 2 shapes with both proxy and full results")
-        section.html += f'<p class="verdict">{text(verdict)}</p>' + table(rows)
+        formats = {"proxy mean loss": "{:.4f}", "full mean loss": "{:.4f}", "tokens/s": "{:,.0f}"}
+        section.html += f'<p class="verdict">{text(verdict)}</p>' + table(rows, formats=formats)
         if proxy:
             fig = go.Figure(go.Scatter(
                 x=[fmean(proxy[k]) for k in proxy], y=[fmean(full[k]) for k in proxy], mode="markers+text",

@@ -5,8 +5,11 @@ Heavy libraries (torch, optuna) are imported inside the commands, so ``nas --hel
 mistyped option are answered at once.
 """
 
-from nas.cli import results, runs, search, space, tools  # noqa: F401  (registers commands, in --help order)
 from nas.cli.app import app
+
+# isort: off
+from nas.cli import search, results, runs, rerun, tools, space  # noqa: F401  (registers the commands, in --help order)
+# isort: on
 
 app.add_typer(space.space_app, name="space")
 

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from nas.study.config import PRUNERS, SAMPLERS
+from nas.study.config import PRUNERS, REPLICATES, SAMPLERS
 from search_spaces.factory import SPACES
 from search_spaces.hourglass import FIX_CHOICES
 
@@ -25,6 +25,7 @@ def choices(name: str, values: tuple[str, ...]) -> type[Enum]:
 Space = choices("Space", SPACES)
 Sampler = choices("Sampler", SAMPLERS)
 Pruner = choices("Pruner", PRUNERS)
+Replicates = choices("Replicates", REPLICATES)
 Fix = choices("Fix", (*FIX_CHOICES, "none"))
 Dtype = choices("Dtype", ("fp32", "bf16"))
 TableOrJson = choices("TableOrJson", ("table", "json"))

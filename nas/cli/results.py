@@ -1,11 +1,10 @@
-"""``nas best`` and ``nas report``: what a study found, read from its storage (the leaderboard, the HTML page)."""
+"""``nas best``, ``nas export`` and ``nas report``: what a study found, read from its storage."""
 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -18,19 +17,6 @@ TopOpt = Annotated[int, typer.Option("--top", help="How many shapes (the baselin
 PlotlyJs = choices("PlotlyJs", ("inline", "cdn"))
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if hasattr(value, "item"):  # numpy scalars from the DataFrame
-        return value.item()
-    return value
-
-
-def leaderboard_rows(board: Any) -> list[dict[str, Any]]:
-    """The leaderboard DataFrame as JSON-ready rows (NaN as null, numpy scalars as Python numbers)."""
-    return [{k: _jsonable(v) for k, v in row.items()} for row in board.to_dict(orient="records")]
-
-
 @app.command()
 def best(
     study_name: StudyOpt = None,
@@ -38,27 +24,37 @@ def best(
     top: TopOpt = 10,
     format: Annotated[TableOrJson, typer.Option("--format", help="Output format.")] = TableOrJson.table,
 ) -> None:
-    """The leaderboard: shape, mean loss ± 95% CI over seeds, gain over the baseline, parameters, tokens/s."""
+    """The leaderboard: shape, mean loss ± 95% CI over seeds, paired gain over the baseline with its interval,
+    whether it is tied with the best, parameters, tokens/s. JSON rows are valid `nas train --config` files."""
     from nas.study.storage import load_existing_study
-    from reports.leaderboard import leaderboard
+    from reports.export import export_rows
+    from reports.frame import read_study
+    from reports.summary import summarise
 
     if top < 1:
         raise UsageError(f"--top {top} is invalid: give at least 1")
-    board = leaderboard(load_existing_study(storage, study_name), top)
+    data = read_study(load_existing_study(storage, study_name))
+    rows = export_rows(data, top)
     if format.value == "json":
-        typer.echo(json.dumps(leaderboard_rows(board), indent=2))
+        typer.echo(json.dumps(rows, indent=2))
         return
-    if board.empty:
+    if not rows:
         typer.echo("no completed trials yet")
         return
+    typer.echo(summarise(data).sentence)
     typer.echo(f"{'rank':>4}  {'heads':<28} {'K':>2} {'d_h':>5} {'d':>5} {'L':>3} {'seeds':>5}  "
-               f"{'mean loss':>9} {'± ci95':>7} {'gain %':>7} {'params':>10} {'tok/s':>7}")
-    for r in board.itertuples():
-        ci = f"{r.ci95:.4f}" if r.ci95 is not None and not math.isnan(r.ci95) else "-"
-        gain = f"{r.gain_pct:+.2f}" if r.gain_pct is not None and not math.isnan(r.gain_pct) else "-"
-        tag = "  (baseline)" if r.is_baseline else ""
-        typer.echo(f"{r.rank:>4}  {r.heads:<28} {r.k:>2} {r.d_h:>5} {r.d_model:>5} {r.layers:>3} {r.seeds:>5}  "
-                   f"{r.mean_loss:>9.4f} {ci:>7} {gain:>7} {r.params:>10} {r.tokens_per_s:>7.0f}{tag}")
+               f"{'mean loss':>9} {'± ci95':>7} {'paired gain % (95% CI)':>26} {'tied':>4} {'params':>10} "
+               f"{'tok/s':>7}")
+    for r in rows:
+        ci = f"{r['ci95']:.4f}" if r["ci95"] is not None else "-"
+        gain = (f"{r['paired_gain_pct']:+.2f} [{r['paired_gain_low']:+.2f}, {r['paired_gain_high']:+.2f}]"
+                if r["paired_gain_low"] is not None else
+                f"{r['paired_gain_pct']:+.2f} (1 seed)" if r["paired_gain_pct"] is not None else "-")
+        tag = "  (baseline)" if r["is_baseline"] else ""
+        tied = "yes" if r["tied_with_best"] else ""
+        typer.echo(f"{r['rank']:>4}  {r['heads']:<28} {r['k']:>2} {r['d_h']:>5} {r['d_model']:>5} {r['layers']:>3} "
+                   f"{r['seeds']:>5}  {r['mean_loss']:>9.4f} {ci:>7} {gain:>26} {tied:>4}"
+                   f" {r['params']:>10} {r['tokens_per_s'] or 0:>7.0f}{tag}")
 
 
 @app.command()
@@ -92,3 +88,33 @@ def report(
         raise UsageError(f"cannot write -o {str(output)!r}: {error.strerror or error}") from None
     size = path.stat().st_size / 2**20
     typer.echo(f"wrote {path} ({size:.1f} MB, {len(data.trials)} trials, {seconds:.1f} s)", err=True)
+
+
+@app.command()
+def export(
+    study_name: StudyOpt = None,
+    storage: StorageOpt = DEFAULT_STORAGE,
+    top: TopOpt = 10,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="The JSON file to write (default stdout).",
+                                                show_default=False)] = None,
+) -> None:
+    """The best shapes and the baseline as JSON rows: each shape (a valid `nas train --config`, `--rank N`) with
+    the proxy's scores: mean loss ± 95% CI, paired gain over the baseline with its interval, tied with the best."""
+    from nas.study.storage import load_existing_study
+    from reports.export import export_rows
+    from reports.frame import read_study
+
+    if top < 1:
+        raise UsageError(f"--top {top} is invalid: give at least 1")
+    if output is not None and output.is_dir():
+        raise UsageError(f"-o {str(output)!r} is a directory: give a file name such as best.json")
+    rows = export_rows(read_study(load_existing_study(storage, study_name)), top)
+    text = json.dumps(rows, indent=2)
+    if output is None:
+        typer.echo(text)
+        return
+    try:
+        output.write_text(text + "\n")
+    except OSError as error:
+        raise UsageError(f"cannot write -o {str(output)!r}: {error.strerror or error}") from None
+    typer.echo(f"wrote {len(rows)} shapes to {output}", err=True)

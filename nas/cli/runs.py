@@ -1,8 +1,9 @@
-"""``nas train``: one training run of one shape, outside any study."""
+"""``nas train``: one run of one shape outside any study (what ``torchrun`` launches for ``nas rerun``)."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -20,37 +21,54 @@ def train(
     rank: Annotated[int | None, typer.Option("--rank", help="Which row of a leaderboard file (1 = the best).",
                                                 show_default=False)] = None,
     preset: Annotated[str, typer.Option("--preset", help="Training setup: see `nas presets`.")] = "cpu",
-    data: Annotated[str, typer.Option("--data", help="As for nas search.")] = "builtin",
-    tokens: Annotated[str | None, typer.Option("--tokens", help="Training tokens (default the preset's).",
-                                                  show_default=False)] = None,
+    data: Annotated[str, typer.Option("--data", help="As for nas search (FineWeb .bin shards for the GPU "
+                                      "presets).")] = "builtin",
+    tokens: Annotated[str | None, typer.Option("--tokens", help="Training tokens, e.g. 2.5B (default the "
+                                                  "preset's).", show_default=False)] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of init and data order.")] = 0,
     device: Annotated[str | None, typer.Option("--device", help="auto, cpu, cuda, cuda:N or mps.",
                                                   show_default=False)] = None,
-    output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the result JSON here "
-                                                   "(default stdout).", show_default=False)] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="The run's folder: checkpoints, log.jsonl, "
+                                                "result.json; the same command resumes it. Default: keep "
+                                                "nothing.", show_default=False)] = None,
+    checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", help="Steps between checkpoints "
+                                                  "(0: about every 10 % of the run).")] = 0,
+    micro_batch: Annotated[int, typer.Option("--micro-batch", help="Sequences per forward on each process "
+                                             "(0: its whole share of the global batch); gradients accumulate "
+                                             "to the preset's global batch.")] = 0,
+    compile: Annotated[bool, typer.Option("--compile/--no-compile", help="torch.compile the model (its "
+                                          "plain-PyTorch ops).")] = False,
+    threads: Annotated[int, typer.Option("--threads", help="Torch threads per process (0: the cores / "
+                                         "processes).")] = 0,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="Also write the result JSON here "
+                                                   "(default: stdout only).", show_default=False)] = None,
 ) -> None:
-    """Train one shape once and print its result as JSON."""
+    """Train one shape at a preset and print its result as JSON; under torchrun, every process trains (DDP)."""
     from nas.configs import read_arch_config
     from runners.presets import get_preset
 
     arch = read_arch_config(config, rank)
-    overrides = {"seed": seed, **({"tokens": parse_size(tokens, "--tokens")} if tokens else {}),
+    if checkpoint_every < 0 or micro_batch < 0 or threads < 0:
+        bad = next(f"{flag} {value}" for flag, value in (("--checkpoint-every", checkpoint_every),
+                                                          ("--micro-batch", micro_batch), ("--threads", threads))
+                   if value < 0)
+        raise UsageError(f"{bad} is invalid: give 0 or a positive number")
+    overrides = {"seed": seed, "compile": compile, "threads": threads,
+                 **({"tokens": parse_size(tokens, "--tokens")} if tokens else {}),
                  **({"device": device} if device else {})}
     cfg = get_preset(preset).train.with_(**overrides)
 
     from nas.data import load_data
-    from runners.proxy import run
+    from runners.full import RunOptions, run_full
 
-    dataset = load_data(data)
-    if arch.vocab_size < dataset.vocab_size:
-        raise UsageError(f"the config's vocab_size {arch.vocab_size} is below the data's {dataset.vocab_size}")
-    result = run(arch, cfg, dataset)
-    text = json.dumps({"arch": arch.to_dict(), "train": cfg.to_dict(), "result": result.to_dict()}, indent=2,
-                      default=str)
+    result = run_full(arch, cfg, load_data(data), RunOptions(out=out, checkpoint_every=checkpoint_every,
+                                                             micro_batch=micro_batch))
+    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 speaks for the run
+        return
+    text = json.dumps(result, indent=2, default=str)
     if output:
         output.write_text(text)
-    else:
-        typer.echo(text)
-    if result.status != "ok":
-        typer.echo(f"run ended {result.status}: {result.reason}", err=True)
+    typer.echo(text)
+    if result["status"] != "ok":
+        typer.echo(f"run ended {result['status']}: {result['reason']}", err=True)
         raise typer.Exit(1)

@@ -1,0 +1,67 @@
+"""Launching one re-run: ``nas train`` in a child process, or ``torchrun --nproc-per-node N`` of them.
+
+Each run is a fresh process (a clean CUDA context, its own process group). The child dies with
+its parent (Linux ``PR_SET_PDEATHSIG``), so killing ``nas rerun`` stops the training too and the
+same command resumes it from its checkpoint. The child's progress lines go to our stderr; its
+result JSON is read back from the run's folder.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nas.rerun.plan import PlannedRun
+from runners.distributed import die_with_parent
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    preset: str
+    data: str = "builtin"
+    tokens: int | None = None
+    nproc: int = 1
+    device: str | None = None
+    compile: bool = False
+    micro_batch: int = 0
+    checkpoint_every: int = 0
+    threads: int = 0
+
+
+def train_command(run: PlannedRun, options: LaunchOptions) -> list[str]:
+    """The command line that trains ``run`` (torchrun when ``nproc`` > 1)."""
+    args = ["train", "--config", str(run.folder / "arch.json"), "--preset", options.preset, "--seed", str(run.seed),
+            "--out", str(run.folder), "--data", options.data, "--checkpoint-every", str(options.checkpoint_every),
+            "--micro-batch", str(options.micro_batch), "--threads", str(options.threads),
+            "--compile" if options.compile else "--no-compile"]
+    args += ["--tokens", str(options.tokens)] if options.tokens else []
+    args += ["--device", options.device] if options.device else []
+    if options.nproc > 1:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={options.nproc}",
+                "-m", "nas.cli", *args]
+    return [sys.executable, "-m", "nas.cli", *args]
+
+
+def launch(run: PlannedRun, options: LaunchOptions) -> tuple[int, dict[str, Any] | None]:
+    """Train ``run`` to its end (resuming its checkpoint if it has one): (exit code, its result or None)."""
+    run.folder.mkdir(parents=True, exist_ok=True)
+    config = run.folder / "arch.json"
+    if not config.exists():
+        config.write_text(run.target.to_json())
+    with open(run.folder / "stdout.json", "w") as stdout:
+        code = subprocess.call(train_command(run, options), stdout=stdout, preexec_fn=die_with_parent)
+    return code, read_result(run.folder)
+
+
+def read_result(folder: Path) -> dict[str, Any] | None:
+    path = folder / "result.json"
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None

@@ -1,0 +1,85 @@
+"""Which runs a ``nas rerun`` makes: the proxy's top shapes and the baseline, carried to the target, times seeds.
+
+Shapes are ranked as the leaderboard ranks them (mean proxy loss over seeds); the baseline is
+always re-run, since the question is whether the proxy's *gains over it* hold. Each shape is
+carried to the target preset by ``search_spaces.transfer``; one that cannot be carried is left
+out with its reason (the baseline must carry). Every (shape, seed) gets its own folder under
+``runs/<study>/<preset>/``, holding the carried shape (``arch.json``) and the run's checkpoint,
+log and result, so re-running the same command finds what is done and what to resume.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from nas.arch import ArchConfig
+from nas.errors import UsageError
+from reports.frame import StudyData
+from runners.presets import Preset
+from search_spaces.transfer import Transfer, transfer_shape
+
+
+@dataclass(frozen=True)
+class PlannedShape:
+    proxy_key: str
+    proxy_rank: int
+    role: str  # baseline | candidate
+    transfer: Transfer
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    shape: PlannedShape
+    seed: int
+    folder: Path
+
+    @property
+    def target(self) -> ArchConfig:
+        assert self.shape.transfer.target is not None
+        return self.shape.transfer.target
+
+
+def safe_name(text: str) -> str:
+    """A study or preset name as one folder name."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "study"
+
+
+def _arch_of(data: StudyData, key: str) -> ArchConfig:
+    for t in data.trials:
+        if t.user_attrs.get("key") == key and t.user_attrs.get("arch"):
+            return ArchConfig.from_dict(t.user_attrs["arch"])
+    raise UsageError(f"study {data.name!r} holds no shape for {key}")
+
+
+def plan_shapes(data: StudyData, preset: Preset, top: int) -> list[PlannedShape]:
+    """The baseline and the ``top`` best other shapes, each carried to ``preset``."""
+    if data.board.empty:
+        raise UsageError(f"study {data.name!r} has no completed training yet: nothing to re-run")
+    if data.baseline_key is None or data.baseline_key not in set(data.board["key"]):
+        raise UsageError(f"study {data.name!r} has no completed baseline: its gains cannot be checked")
+    proxy_baseline = _arch_of(data, data.baseline_key)
+    ranked = [(int(r.rank), str(r.key)) for r in data.board.itertuples()]
+    chosen = [(rank, key) for rank, key in ranked if key == data.baseline_key]
+    chosen += [(rank, key) for rank, key in ranked if key != data.baseline_key][:top]
+    shapes = []
+    for rank, key in chosen:
+        role = "baseline" if key == data.baseline_key else "candidate"
+        carried = transfer_shape(_arch_of(data, key), data.space, proxy_baseline, preset.baseline)
+        if role == "baseline" and not carried.ok:
+            raise UsageError(f"the baseline of {data.name!r} cannot be carried to {preset.name}: {carried.refused}")
+        shapes.append(PlannedShape(key, rank, role, carried))
+    return shapes
+
+
+def plan_runs(shapes: list[PlannedShape], seeds: int, runs_dir: Path, study: str, preset: str) -> list[PlannedRun]:
+    """One run per carried shape and seed, in ranking order (the baseline first), each with its folder."""
+    root = runs_dir / safe_name(study) / safe_name(preset)
+    runs = []
+    for shape in sorted((s for s in shapes if s.transfer.ok), key=lambda s: (s.role != "baseline", s.proxy_rank)):
+        digest = hashlib.sha1(shape.transfer.target.key().encode()).hexdigest()[:10]
+        for seed in range(seeds):
+            runs.append(PlannedRun(shape, seed, root / f"rank{shape.proxy_rank:03d}-{digest}" / f"seed{seed}"))
+    return runs

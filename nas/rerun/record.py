@@ -1,0 +1,48 @@
+"""Writing re-runs back to the study's storage, where ``nas report`` finds them (``reports.reruns``).
+
+Each target preset's runs live in a study of their own beside the proxy study, named by
+``reports.reruns.rerun_study_name`` and marked ``nas:rerun_of``; one trial per finished run,
+COMPLETE with its validation loss (or FAIL with its status when it diverged), its user attrs
+linking it to the proxy (``proxy_key``, ``proxy_rank``, ``proxy_trials``) and carrying the run's
+curves, tokens/s and MFU. A (shape, seed) already recorded is not recorded again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from nas.rerun.plan import PlannedRun
+from reports.reruns import RERUN_MARK, rerun_study_name
+
+
+def rerun_study(storage: optuna.storages.BaseStorage, proxy_study: str, preset: str,
+                attrs: dict[str, Any]) -> optuna.Study:
+    name = rerun_study_name(proxy_study, preset)
+    study = optuna.create_study(storage=storage, study_name=name, load_if_exists=True)
+    if RERUN_MARK not in study.user_attrs:
+        study.set_user_attr(RERUN_MARK, proxy_study)
+        study.set_user_attr("nas:preset", preset)
+        for key, value in attrs.items():
+            study.set_user_attr(key, value)
+    return study
+
+
+def recorded(study: optuna.Study) -> set[tuple[str, int]]:
+    """(proxy key, seed) of the runs already in the study."""
+    return {(t.user_attrs["proxy_key"], int(t.user_attrs["seed"])) for t in study.get_trials(deepcopy=False)
+            if "proxy_key" in t.user_attrs and t.state in (TrialState.COMPLETE, TrialState.FAIL)}
+
+
+def record(study: optuna.Study, run: PlannedRun, result: dict[str, Any], proxy_trials: list[int]) -> None:
+    ok = result.get("status") == "ok" and result.get("val_loss") is not None
+    attrs = {"proxy_key": run.shape.proxy_key, "proxy_rank": run.shape.proxy_rank, "proxy_trials": proxy_trials,
+             "key": run.target.key(), "arch": run.target.to_dict(), "role": run.shape.role, "seed": run.seed,
+             "transfer": list(run.shape.transfer.rules), "run_dir": str(run.folder)}
+    for name in ("status", "reason", "val_loss", "eval_curve", "train_curve", "tokens_seen", "tokens_per_s", "mfu",
+                 "peak_flops", "world_size", "wall_time_s", "flops_per_token"):
+        attrs[name] = result.get(name)
+    study.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE if ok else TrialState.FAIL,
+                                              value=result["val_loss"] if ok else None, user_attrs=attrs))

@@ -1,0 +1,41 @@
+"""``nas export``: the best shapes as JSON rows, each with its shape and the proxy's scores and intervals.
+
+A row is a valid ``nas train --config`` (its ``arch``), and a list of rows is a leaderboard
+(``--rank``). Scores: mean loss over seeds with its 95 % interval, the gain of the means, the
+paired gain over the baseline on common seeds without the selecting seed
+(``reports.summary.honest_gain``) and whether the shape is tied with the best.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from reports.frame import StudyData
+from reports.summary import honest_gain, shape_label, summarise
+
+
+def _number(value: Any) -> Any:
+    value = value.item() if hasattr(value, "item") else value
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def export_rows(data: StudyData, top: int) -> list[dict[str, Any]]:
+    """The ``top`` best shapes and the baseline, ranked (see the module docstring)."""
+    if data.board.empty:
+        return []
+    summary = summarise(data)
+    rows = []
+    for r in data.board[(data.board.index < top) | data.board["is_baseline"]].itertuples():
+        gain = honest_gain(data, r.key) if r.key != data.baseline_key else None
+        rows.append({
+            "rank": int(r.rank), "shape": shape_label(data, r.key), "heads": r.heads, "k": _number(r.k),
+            "d_h": _number(r.d_h), "d_model": _number(r.d_model), "layers": _number(r.layers), "seeds": int(r.seeds),
+            "mean_loss": _number(r.mean_loss), "ci95": _number(r.ci95), "gain_pct": _number(r.gain_pct),
+            "paired_gain_pct": gain.gain_pct if gain else None, "paired_gain_low": gain.low_pct if gain else None,
+            "paired_gain_high": gain.high_pct if gain else None, "paired_seeds": gain.n if gain else 0,
+            "tied_with_best": r.key in summary.tied, "params": _number(r.params),
+            "tokens_per_s": _number(r.tokens_per_s), "trials": r.trials, "is_baseline": bool(r.is_baseline),
+            "key": r.key, "study": data.name, "space": data.space_name, "preset": data.preset, "arch": r.arch,
+        })
+    return rows

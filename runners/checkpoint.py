@@ -1,0 +1,89 @@
+"""Checkpoints of a full-scale run: written atomically, read with ``torch.load(weights_only=True)``, checked by name.
+
+A checkpoint holds everything an exact resume needs, as tensors and plain Python values only
+(``weights_only=True`` refuses anything else, so a crafted file cannot run code on load):
+
+- ``format`` and ``version`` (a foreign file is refused by name), ``run`` (the run's identity:
+  shape key, training config, world size; a checkpoint of another run is refused);
+- ``model`` and ``optimizer`` state dicts, ``step`` and ``position`` (the data stream's offset
+  in tokens), ``curves`` (the losses so far), ``rng`` (torch's CPU generator state and, on CUDA,
+  every device's, as uint8 tensors), and ``ema`` (the weight average, when the run scores one).
+
+Writes go to a temporary file in the same folder, are flushed and ``fsync``-ed, renamed over the
+previous checkpoint (``os.replace`` is atomic) and the folder is synced, so a kill at any moment
+leaves either the previous checkpoint or the new one, whole.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nas.errors import UsageError
+
+FORMAT = "prism-nas-checkpoint"
+VERSION = 1
+CHECKPOINT_NAME = "checkpoint.pt"
+
+
+def rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _fsync_folder(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # not every platform opens folders
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_checkpoint(path: Path, payload: dict[str, Any]) -> None:
+    """``payload`` (plus the format mark) to ``path``, atomically (see the module docstring)."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        torch.save({"format": FORMAT, "version": VERSION, **payload}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_folder(path.parent)
+
+
+def read_checkpoint(path: Path, run: dict[str, Any], map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """The checkpoint at ``path`` for the run ``run``; ``UsageError`` naming the file when it is corrupt, truncated,
+    not a prism-nas checkpoint, or another run's."""
+    try:
+        data = torch.load(path, map_location=map_location, weights_only=True)
+    except (pickle.UnpicklingError, zipfile.BadZipFile, EOFError, RuntimeError, ValueError, KeyError,
+            AttributeError, TypeError, OSError) as error:
+        first = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
+        raise UsageError(f"checkpoint {str(path)!r} cannot be read (corrupt, truncated, or not a plain "
+                         f"weights-only file): {first}; delete it to start the run again") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise UsageError(f"checkpoint {str(path)!r} is not a prism-nas checkpoint; delete it or choose another --out")
+    if data.get("version") != VERSION:
+        raise UsageError(f"checkpoint {str(path)!r} has version {data.get('version')!r}, this prism-nas reads "
+                         f"{VERSION}")
+    stored = data.get("run")
+    if stored != run:
+        differ = sorted(k for k in set(stored or {}) | set(run) if (stored or {}).get(k) != run.get(k))
+        raise UsageError(f"checkpoint {str(path)!r} belongs to another run (its {', '.join(differ)} differ); "
+                         "use the same command, or another --out")
+    return data

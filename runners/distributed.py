@@ -1,0 +1,78 @@
+"""The processes of a full-scale run: one, or ``torchrun --nproc-per-node N`` of them (DDP: NCCL on CUDA, gloo on CPU).
+
+``torchrun`` sets ``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE`` (and the rendezvous address) in every
+process it starts; ``setup`` reads them and joins the process group, each CUDA process on its own
+device (``cuda:LOCAL_RANK``). Without them the run is one process and nothing is initialised.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import signal
+import sys
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from runners.device import resolve_device
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """Receive SIGKILL when the parent process dies (Linux ``PR_SET_PDEATHSIG``; elsewhere nothing).
+
+    torchrun starts its workers in sessions of their own: without this, a killed ``torchrun`` (or a
+    killed ``nas rerun`` above it) would leave them training on, orphaned, racing the resumed run.
+    """
+    libc_name = ctypes.util.find_library("c")
+    if libc_name and sys.platform.startswith("linux"):
+        ctypes.CDLL(libc_name, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+@dataclass(frozen=True)
+class Processes:
+    rank: int
+    world: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def main(self) -> bool:
+        """Rank 0 writes checkpoints, logs, results and the progress line."""
+        return self.rank == 0
+
+
+def setup(device_name: str) -> Processes:
+    """Join the process group when started by torchrun; the device this process trains on."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    device = resolve_device(device_name)
+    if world > 1:
+        die_with_parent()
+        if device.type == "cuda":
+            device = torch.device("cuda", local_rank)
+            torch.cuda.set_device(device)
+        if not dist.is_initialized():
+            dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    return Processes(rank, world, local_rank, device)
+
+
+def teardown(processes: Processes) -> None:
+    if processes.world > 1 and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_sum(value: torch.Tensor, processes: Processes) -> torch.Tensor:
+    """``value`` summed over every process (itself with one process)."""
+    if processes.world > 1:
+        dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    return value
+
+
+def barrier(processes: Processes) -> None:
+    if processes.world > 1:
+        dist.barrier()
