@@ -14,7 +14,11 @@ numbers mean nothing). One module per figure, ``benchmarks.harness`` for what th
 | 6 | ``search_efficiency`` | tokens TPE + pruning + de-dup spend to find the best shape vs random |
 | 7 | ``space_scaling`` | time to count and enumerate the prism space as L grows |
 | 8 | ``report_speed`` | ``nas report`` on 200 and 1,000 trials, and the page's size |
+| 9 | ``proposals`` | how often the sampler proposes the baseline or a shape again |
+| 10 | ``ranking_simulation`` | known truth: picking the best shape, fixed replicates vs racing |
+| 11 | ``proxy_noise`` | seed and paired noise, pruning, quieter proxies (real training, ~30 min: run by name) |
 """
 
 FIGURES = ("prism_free", "vs_hf", "hourglass_cost", "efficiency", "overhead", "search_efficiency", "space_scaling",
-           "report_speed")
+           "report_speed", "proposals", "ranking_simulation", "proxy_noise")
+LONG = ("proxy_noise",)  # not in a plain `nas bench`: ask for it with --only

@@ -16,7 +16,7 @@ import sys
 import time
 import traceback
 
-from benchmarks import FIGURES
+from benchmarks import FIGURES, LONG
 from benchmarks.harness import BenchConfig, Figure, machine_info, reexec_with_env, set_threads, verdict, write_outputs
 from nas.errors import UsageError
 
@@ -35,10 +35,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def selected(only: str) -> list[tuple[int, str]]:
+def selected(only: str, smoke: bool = False) -> list[tuple[int, str]]:
     figures = list(enumerate(FIGURES, start=1))
     if not only:
-        return figures
+        return figures if smoke else [(n, name) for n, name in figures if name not in LONG]
     wanted = {w.strip() for w in only.split(",") if w.strip()}
     chosen = [(n, name) for n, name in figures if str(n) in wanted or name in wanted]
     unknown = wanted - {str(n) for n, _ in chosen} - {name for _, name in chosen}
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     try:
-        chosen = selected(args.only)
+        chosen = selected(args.only, args.smoke)
         check_requirements(chosen)
         if args.threads < 0 or args.device not in ("cpu", "cuda"):
             raise UsageError(f"--threads {args.threads} / --device {args.device!r} is invalid: threads >= 0 "

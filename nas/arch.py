@@ -23,6 +23,22 @@ from typing import Any
 
 from nas.errors import UsageError
 
+# The largest shape this tool builds: far beyond any model it searches, small enough that a typo
+# (--layers 10000000) is refused at once instead of allocating or enumerating for hours.
+MAX_LAYERS = 4096
+MAX_WIDTH = 2**17  # d_model and every hidden size
+MAX_VOCAB = 2**24
+MAX_K = 1024
+MAX_PARAMS = 2 * 10**11
+
+
+def check_count(name: str, value: object, maximum: int) -> None:
+    """``UsageError`` unless ``value`` is an int (not a bool) in ``[1, maximum]``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UsageError(f"{name}={value!r} is invalid: it must be a positive integer")
+    if value > maximum:
+        raise UsageError(f"{name}={value:,} is too large: at most {maximum:,}")
+
 
 def divisors_up_to(n: int, limit: int) -> list[int]:
     """Divisors of ``n`` that are ``<= limit``, ascending."""
@@ -60,16 +76,27 @@ def format_plateaus(heads: Sequence[int]) -> str:
 
 @dataclass(frozen=True)
 class FFNShape:
-    """The FFN of every layer: ``k`` stacked residual SwiGLU sub-MLPs of hidden size ``hidden``."""
+    """The FFN of every layer: ``k`` stacked residual SwiGLU sub-MLPs of hidden size ``hidden``.
+
+    ``wider`` of the model's ``L k`` sub-MLPs (the first ones, layer by layer) have ``hidden + 1``:
+    a budget can then be matched in steps of ``3 d_model`` parameters instead of ``3 L k d_model``
+    (the Hourglass paper matched budgets to 0.001 %).
+    """
 
     k: int  # number of residual sub-MLPs per layer (1 = conventional FFN)
     hidden: int  # hidden size of each sub-MLP: d_ff when k=1, the bottleneck d_h when hourglass
+    wider: int = 0  # sub-MLPs (of L k, first ones first) whose hidden size is hidden + 1
 
     def __post_init__(self) -> None:
-        if not isinstance(self.k, int) or self.k < 1:
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
             raise UsageError(f"ffn.k={self.k!r} is invalid: the FFN stack depth K must be an integer >= 1")
-        if not isinstance(self.hidden, int) or self.hidden < 1:
+        if isinstance(self.hidden, bool) or not isinstance(self.hidden, int) or self.hidden < 1:
             raise UsageError(f"ffn.hidden={self.hidden!r} is invalid: the SwiGLU hidden size must be an integer >= 1")
+        check_count("ffn.k", self.k, MAX_K)
+        check_count("ffn.hidden", self.hidden, MAX_WIDTH)
+        if isinstance(self.wider, bool) or not isinstance(self.wider, int) or self.wider < 0:
+            raise UsageError(f"ffn.wider={self.wider!r} is invalid: give the number of sub-MLPs with hidden + 1, "
+                             ">= 0")
 
 
 @dataclass(frozen=True)
@@ -86,26 +113,47 @@ class ArchConfig:
     norm_eps: float = 1e-5  # RMSNorm epsilon (LLaMA)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "heads", tuple(int(h) for h in self.heads))
+        if isinstance(self.heads, (str, bytes)) or not all(isinstance(h, int) and not isinstance(h, bool)
+                                                            for h in self.heads):
+            raise UsageError(f"heads={self.heads!r} is invalid: give one integer head count per layer")
+        object.__setattr__(self, "heads", tuple(self.heads))
         if isinstance(self.ffn, dict):
             object.__setattr__(self, "ffn", FFNShape(**self.ffn))
-        for name in ("n_layers", "d_model", "vocab_size"):
+        if not isinstance(self.ffn, FFNShape):
+            raise UsageError(f"ffn={self.ffn!r} is invalid: give an FFNShape or {{'k': K, 'hidden': d_h}}")
+        for name, maximum in (("n_layers", MAX_LAYERS), ("d_model", MAX_WIDTH), ("vocab_size", MAX_VOCAB)):
+            check_count(name, getattr(self, name), maximum)
+        for name in ("rope_theta", "norm_eps"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise UsageError(f"{name}={value!r} is invalid: it must be a positive integer")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or value <= 0:
+                raise UsageError(f"{name}={value!r} is invalid: it must be a positive, finite number")
+        if not isinstance(self.tie_embeddings, bool):
+            raise UsageError(f"tie_embeddings={self.tie_embeddings!r} is invalid: give true or false")
         if len(self.heads) != self.n_layers:
             raise UsageError(
                 f"heads has {len(self.heads)} entries but n_layers={self.n_layers}: give one head count per layer"
             )
+        if self.ffn.wider >= self.n_layers * self.ffn.k:
+            raise UsageError(f"ffn.wider={self.ffn.wider} is invalid: the model has {self.n_layers * self.ffn.k} "
+                             "sub-MLPs; give fewer (hidden + 1 in all of them is hidden + 1)")
         for layer, h in enumerate(self.heads, start=1):
             if h < 1 or self.d_model % h:
-                valid = ",".join(map(str, divisors_up_to(self.d_model, max(self.heads))))
+                limit = min(max(self.heads), self.d_model)
+                valid = ",".join(map(str, divisors_up_to(self.d_model, limit)))
                 raise UsageError(
                     f"heads[layer {layer}]={h} does not divide d_model={self.d_model}; "
-                    f"divisors <= {max(self.heads)} are {valid}"
+                    f"divisors <= {limit} are {valid}"
                 )
+        total = self.n_params()["total"]
+        if total > MAX_PARAMS:
+            raise UsageError(f"this shape has {total:,} parameters: at most {MAX_PARAMS:,}")
 
     # ----------------------------------------------------------------- accounting
+    def sub_mlp_hidden(self, layer: int, index: int) -> int:
+        """Hidden size of sub-MLP ``index`` (0-based) of layer ``layer`` (0-based)."""
+        return self.ffn.hidden + (layer * self.ffn.k + index < self.ffn.wider)
+
     def head_dims(self) -> tuple[int, ...]:
         """``d_model / h_l`` per layer."""
         return tuple(self.d_model // h for h in self.heads)
@@ -115,7 +163,7 @@ class ArchConfig:
 
         - embedding: ``V d`` (token table) ``+ V d`` for an untied output head
         - attention: ``L * 4 d^2`` (W_Q, W_K, W_V, W_O, no biases; independent of the head schedule)
-        - ffn: ``L * K * 3 d d_h`` (SwiGLU gate, up and down projections)
+        - ffn: ``3 d (L K d_h + wider)`` (SwiGLU gate, up and down projections; ``wider`` sub-MLPs have d_h + 1)
         - norm: ``L (1 + K) d + d`` (one RMSNorm gain before attention, one per sub-MLP, one final)
         """
         d, L, V = self.d_model, self.n_layers, self.vocab_size
@@ -123,7 +171,7 @@ class ArchConfig:
         parts = {
             "embedding": V * d * (1 if self.tie_embeddings else 2),
             "attention": L * 4 * d * d,
-            "ffn": L * k * 3 * d * hidden,
+            "ffn": 3 * d * (L * k * hidden + self.ffn.wider),
             "norm": L * (1 + k) * d + d,
         }
         parts["total"] = sum(parts.values())
@@ -150,13 +198,17 @@ class ArchConfig:
         heads = ",".join(map(str, self.heads))
         tie = "tied" if self.tie_embeddings else "untied"
         return (
-            f"L{self.n_layers}-d{self.d_model}-h[{heads}]-K{self.ffn.k}x{self.ffn.hidden}"
+            f"L{self.n_layers}-d{self.d_model}-h[{heads}]-K{self.ffn.k}x{self._ffn_text()}"
             f"-V{self.vocab_size}-{tie}-rope{self.rope_theta:g}-eps{self.norm_eps:g}"
         )
 
     def label(self) -> str:
         """Short human description for progress lines and tables: ``h=3x2,6x2,12x8 K1x256 d96 L12``."""
-        return f"h={format_plateaus(self.heads)} K{self.ffn.k}x{self.ffn.hidden} d{self.d_model} L{self.n_layers}"
+        return f"h={format_plateaus(self.heads)} K{self.ffn.k}x{self._ffn_text()} d{self.d_model} L{self.n_layers}"
+
+    def _ffn_text(self) -> str:
+        """``256``, or ``24+7`` when 7 sub-MLPs have 25."""
+        return f"{self.ffn.hidden}+{self.ffn.wider}" if self.ffn.wider else str(self.ffn.hidden)
 
     def summary(self) -> dict[str, Any]:
         """Flat description for tables and Optuna user attrs (the report's axes included)."""
@@ -170,7 +222,7 @@ class ArchConfig:
             "vocab_size": self.vocab_size,
             "tie_embeddings": self.tie_embeddings,
             "d_model_per_layer": self.d_model / self.n_layers,
-            "d_h_over_d_model": self.ffn.hidden / self.d_model,
+            "d_h_over_d_model": (self.ffn.hidden + self.ffn.wider / (self.n_layers * self.ffn.k)) / self.d_model,
             "params": p["total"],
             "params_attention": p["attention"],
             "params_ffn": p["ffn"],
@@ -180,6 +232,8 @@ class ArchConfig:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["heads"] = list(self.heads)
+        if not self.ffn.wider:  # the dict of a shape without wider sub-MLPs is the one it always was
+            del data["ffn"]["wider"]
         return data
 
     def to_json(self) -> str:
@@ -188,13 +242,21 @@ class ArchConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ArchConfig:
         known = {"n_layers", "d_model", "heads", "ffn", "vocab_size", "tie_embeddings", "rope_theta", "norm_eps"}
+        if not isinstance(data, dict):
+            raise UsageError(f"an ArchConfig is a JSON object, not {type(data).__name__}")
         unknown = sorted(set(data) - known)
         if unknown:
             raise UsageError(f"unknown ArchConfig field(s) {', '.join(unknown)}; "
                              f"valid fields are {', '.join(sorted(known))}")
         data = dict(data)
+        missing = sorted({"n_layers", "d_model", "heads", "ffn", "vocab_size"} - set(data))
+        if missing:
+            raise UsageError(f"ArchConfig field(s) {', '.join(missing)} missing")
         ffn = data.get("ffn")
         if isinstance(ffn, dict):
+            extra = sorted(set(ffn) - {"k", "hidden", "wider"})
+            if extra or not {"k", "hidden"} <= set(ffn):
+                raise UsageError(f"ffn={ffn!r} is invalid: give {{'k': K, 'hidden': d_h}} (and 'wider')")
             data["ffn"] = FFNShape(**ffn)
         return cls(**data)
 

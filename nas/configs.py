@@ -63,7 +63,9 @@ def arch_from_json(data: Any, source: str, rank: int | None = None) -> ArchConfi
     _check_numbers(data, source)
     try:
         return ArchConfig.from_dict(data)
-    except TypeError as error:  # a missing field, or a value of the wrong type deep inside
+    except TypeError as error:  # a value of the wrong type deep inside
+        raise UsageError(f"{source} is not an ArchConfig: {error}") from None
+    except UsageError as error:  # a missing or unknown field, a head count that does not divide...
         raise UsageError(f"{source} is not an ArchConfig: {error}") from None
 
 

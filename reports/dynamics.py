@@ -26,7 +26,7 @@ ROLE_COLOURS = {"baseline": "#d95f02", "member": "#22558c", "sampled": "#22558c"
 
 def trained_copy(data: StudyData) -> optuna.Study:
     """An in-memory study holding the trained trials only (complete, pruned, failed with a result)."""
-    copy = optuna.create_study(directions=data.study.directions, study_name=data.name)
+    copy = optuna.create_study(directions=data.directions, study_name=data.name)
     copy.add_trials([t for t in data.trials if counts(t) and t.state in (TrialState.COMPLETE, TrialState.PRUNED)])
     return copy
 

@@ -18,7 +18,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from nas.arch import format_plateaus
 from nas.study.records import RESULT_FAILURES, ShapeScores, counts, is_duplicate, scores_by_shape
-from reports.leaderboard import leaderboard
+from reports.leaderboard import leaderboard_of
 
 TRIAL_COLUMNS = ("number", "state", "counted", "key", "seed", "role", "heads", "plateaus", "k", "d_h", "d_model",
                  "layers", "d_model_per_layer", "d_h_over_d_model", "params", "val_loss", "status", "reason",
@@ -30,7 +30,8 @@ TRIAL_COLUMNS = ("number", "state", "counted", "key", "seed", "role", "heads", "
 class StudyData:
     """One snapshot of a study: its trials as rows, its shapes' scores, and its own description."""
 
-    study: optuna.Study
+    name: str
+    directions: list[optuna.study.StudyDirection]
     trials: list[FrozenTrial]
     frame: pd.DataFrame  # one row per trial (TRIAL_COLUMNS)
     scores: dict[str, ShapeScores]  # completed trainings per shape (nas.study.records.scores_by_shape)
@@ -38,10 +39,6 @@ class StudyData:
     baseline_key: str | None
     attrs: dict[str, Any] = field(default_factory=dict)  # the study's user attrs
     reruns: pd.DataFrame | None = None  # full-scale re-runs (nas rerun), one row per run; None when there are none
-
-    @property
-    def name(self) -> str:
-        return self.study.study_name
 
     @property
     def identity(self) -> dict[str, Any]:
@@ -69,7 +66,7 @@ class StudyData:
 
     @property
     def multi_objective(self) -> bool:
-        return len(self.study.directions) > 1
+        return len(self.directions) > 1
 
     @property
     def trained(self) -> pd.DataFrame:
@@ -102,11 +99,17 @@ def _status_of(trial: FrozenTrial) -> str:
 
 def read_study(study: optuna.Study, reruns: pd.DataFrame | None = None) -> StudyData:
     """The snapshot of ``study`` (see the module docstring); ``reruns`` as ``reports.reruns.read_reruns`` gives."""
-    trials = study.get_trials(deepcopy=False)
+    return study_data(study.study_name, list(study.directions), study.get_trials(deepcopy=False),
+                      dict(study.user_attrs), reruns)
+
+
+def study_data(name: str, directions: list[optuna.study.StudyDirection], trials: list[FrozenTrial],
+               attrs: dict[str, Any], reruns: pd.DataFrame | None = None) -> StudyData:
+    """A snapshot from trials and the study's user attrs (what ``read_study`` reads; simulations build them)."""
     frame = pd.DataFrame([_row(t) for t in trials], columns=list(TRIAL_COLUMNS))
-    attrs = dict(study.user_attrs)
-    return StudyData(study=study, trials=trials, frame=frame, scores=scores_by_shape(trials),
-                     board=leaderboard(study), baseline_key=attrs.get("nas:baseline_key"), attrs=attrs,
+    baseline_key = attrs.get("nas:baseline_key")
+    return StudyData(name=name, directions=directions, trials=trials, frame=frame, scores=scores_by_shape(trials),
+                     board=leaderboard_of(trials, baseline_key), baseline_key=baseline_key, attrs=attrs,
                      reruns=reruns)
 
 

@@ -14,6 +14,7 @@ from statistics import fmean, stdev
 
 import optuna
 import pandas as pd
+from optuna.trial import FrozenTrial
 from scipy import stats
 
 from nas.arch import format_plateaus
@@ -34,11 +35,14 @@ def leaderboard(study: optuna.Study, top: int | None = None) -> pd.DataFrame:
     Each row carries the shape itself as ``arch`` (an ``ArchConfig`` dict), so that a row of
     ``nas best --format json`` is a valid ``nas train --config``.
     """
-    trials = study.get_trials(deepcopy=False)
+    return leaderboard_of(study.get_trials(deepcopy=False), study.user_attrs.get("nas:baseline_key"), top)
+
+
+def leaderboard_of(trials: list[FrozenTrial], baseline_key: str | None, top: int | None = None) -> pd.DataFrame:
+    """``leaderboard`` of a list of trials (numbered 0, 1, ... as a study numbers them)."""
     scores = scores_by_shape(trials)
     if not scores:
         return pd.DataFrame()
-    baseline_key = study.user_attrs.get("nas:baseline_key")
     base = scores.get(baseline_key)
     rows = []
     for key, shape in scores.items():

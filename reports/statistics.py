@@ -77,8 +77,9 @@ def pooled_paired_sd(scores: dict[str, ShapeScores], reference: str) -> tuple[fl
 
 
 def paired_gain(shape: ShapeScores, reference: ShapeScores, exclude_seeds: Iterable[int] = (),
-                pooled: tuple[float | None, int] = (None, 0)) -> PairedGain | None:
-    """``shape``'s gain over ``reference`` on common seeds (None without any); ``pooled`` backs a single pair."""
+                pooled: tuple[float | None, int] = (None, 0), alpha: float = ALPHA) -> PairedGain | None:
+    """``shape``'s gain over ``reference`` on common seeds (None without any); ``pooled`` backs a single pair;
+    the interval is two-sided at level ``1 - alpha`` (``alpha`` divided for simultaneous intervals)."""
     pairs = common_differences(shape, reference, exclude_seeds)
     if not pairs:
         return None
@@ -88,7 +89,7 @@ def paired_gain(shape: ShapeScores, reference: ShapeScores, exclude_seeds: Itera
     if sd is None or df < 1:
         return PairedGain(n, mean_d, 100 * mean_d / base, None, None, None, None)
     se = sd / math.sqrt(n)
-    half = float(stats.t.ppf(1 - ALPHA / 2, df)) * se
+    half = float(stats.t.ppf(1 - alpha / 2, df)) * se
     if se > 0:
         p = float(2 * stats.t.sf(abs(mean_d) / se, df))
     else:
@@ -108,6 +109,26 @@ def holm_rejections(p_values: dict[str, float], alpha: float = ALPHA) -> set[str
     return rejected
 
 
+def worse_than(scores: dict[str, ShapeScores], best: str) -> dict[str, float]:
+    """One-sided p-values of "this shape is worse than ``best``" on common seeds, for every other shape that can be
+    compared (a pair with one common seed takes the pooled paired sd of the others)."""
+    pooled = pooled_paired_sd(scores, best)
+    p_values = {}
+    for key, shape in scores.items():
+        if key == best:
+            continue
+        gain = paired_gain(shape, scores[best], pooled=pooled)  # gain of shape over best: negative when worse
+        if gain is None or gain.sd is None:
+            continue
+        if gain.sd == 0:
+            p_values[key] = 0.0 if gain.mean_difference < 0 else 1.0
+            continue
+        df = pooled[1] if gain.pooled else gain.n - 1
+        t = -gain.mean_difference / (gain.sd / math.sqrt(gain.n))
+        p_values[key] = float(stats.t.sf(t, df))
+    return p_values
+
+
 def tied_set(scores: dict[str, ShapeScores], best: str, alpha: float = ALPHA) -> list[str]:
     """Shapes not distinguishable from ``best``: ``best`` itself, then every shape that a one-sided paired test
     (H0: not worse than ``best``) with Holm's correction over all of them does not reject, in ranking order.
@@ -116,21 +137,7 @@ def tied_set(scores: dict[str, ShapeScores], best: str, alpha: float = ALPHA) ->
     """
     if best not in scores:
         return []
-    pooled = pooled_paired_sd(scores, best)
-    p_values, untestable = {}, []
-    for key, shape in scores.items():
-        if key == best:
-            continue
-        gain = paired_gain(shape, scores[best], pooled=pooled)  # gain of shape over best: negative when worse
-        if gain is None or gain.sd is None:
-            untestable.append(key)
-        elif gain.sd == 0:
-            p_values[key] = 0.0 if gain.mean_difference < 0 else 1.0
-        else:
-            df = gain.n - 1 if not gain.pooled else pooled[1]
-            t = -gain.mean_difference / (gain.sd / math.sqrt(gain.n))
-            p_values[key] = float(stats.t.sf(t, df))
-    worse = holm_rejections(p_values, alpha)
+    worse = holm_rejections(worse_than(scores, best), alpha)
     tied = [key for key in scores if key != best and key not in worse]
     return [best] + sorted(tied, key=lambda key: (scores[key].mean, scores[key].first_trial))
 

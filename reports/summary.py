@@ -1,11 +1,19 @@
 """The answer in one paragraph: the best shape against the baseline, how sure we are, and the tied set.
 
-The best shape is the one with the lowest mean validation loss over its seeds. Its gain over
-the baseline is paired (common seeds, ``reports.statistics.paired_gain``) and, to be honest
-about selection, leaves out the seeds that selected it: a shape reaches the top of the
-leaderboard partly because its first-pass seed was lucky, so that seed (its trials with role
-``member`` or ``sampled``) does not enter its interval; the replicates do. The summary
-sentence then says either
+The best shape is, after a race (``nas.study.planning``), the race's leader: the best mean over
+the race's seeds among the candidates still in; otherwise the shape with the lowest mean loss
+over its seeds. Its gain over the baseline is paired (common seeds,
+``reports.statistics.paired_gain``) and honest about selection:
+
+- the seeds that selected it do not enter its interval. A shape reaches the top partly because
+  its first-pass seed was lucky, so that seed (its trials with role ``member`` or ``sampled``)
+  is left out;
+- after a race the pick was also chosen on the race's seeds, among ``m`` candidates; its
+  interval is then a simultaneous one (Bonferroni: level ``1 - 0.05 / m``), which covers the
+  gain of whichever candidate is picked (``benchmarks/ranking_simulation.py`` measures the
+  coverage).
+
+The summary sentence then says either
 
     "<shape> beats the baseline by g % (95 % CI [a, b], n paired seeds)"
 
@@ -20,8 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nas.arch import ArchConfig
+from nas.study.race import RACE_ROLES, RaceState, race_state
 from reports.frame import StudyData, outcome_counts
-from reports.statistics import PairedGain, paired_gain, pooled_paired_sd, tied_set
+from reports.statistics import ALPHA, PairedGain, paired_gain, pooled_paired_sd, tied_set
 
 SELECTING_ROLES = ("member", "sampled")  # the first-pass trials by which a shape entered the top of the board
 TIED_NAMES_SHOWN = 5
@@ -43,12 +52,39 @@ def selecting_seeds(data: StudyData, key: str) -> set[int]:
             if t.user_attrs.get("key") == key and t.user_attrs.get("role") in SELECTING_ROLES}
 
 
+def raced(data: StudyData) -> tuple[str, ...]:
+    """The race's candidates (baseline first) when the study raced, else ()."""
+    keys = list(dict.fromkeys(t.user_attrs["key"] for t in data.trials
+                              if t.user_attrs.get("role") in RACE_ROLES and "key" in t.user_attrs))
+    if not keys or data.baseline_key is None:
+        return ()
+    return (data.baseline_key, *(k for k in keys if k != data.baseline_key))
+
+
+def race_of(data: StudyData) -> RaceState | None:
+    candidates = raced(data)
+    if not candidates:
+        return None
+    return race_state(data.scores, candidates, int((data.identity.get("train") or {}).get("seed", 0)))
+
+
 def honest_gain(data: StudyData, key: str) -> PairedGain | None:
-    """``key``'s paired gain over the baseline on the common seeds that did not select it."""
+    """``key``'s paired gain over the baseline on the common seeds that did not select it (see the module
+    docstring; simultaneous over the race's candidates when ``key`` raced)."""
     if data.baseline_key not in data.scores or key not in data.scores:
         return None
     pooled = pooled_paired_sd(data.scores, data.baseline_key)
-    return paired_gain(data.scores[key], data.scores[data.baseline_key], selecting_seeds(data, key), pooled)
+    candidates = raced(data)
+    alpha = ALPHA / max(1, len(candidates) - 1) if key in candidates else ALPHA
+    return paired_gain(data.scores[key], data.scores[data.baseline_key], selecting_seeds(data, key), pooled, alpha)
+
+
+def best_shape(data: StudyData) -> str | None:
+    """The race's leader after a race, else the shape with the lowest mean loss."""
+    race = race_of(data)
+    if race is not None and race.leader is not None:
+        return race.leader
+    return None if data.board.empty else str(data.board.iloc[0]["key"])
 
 
 def gain_text(data: StudyData, key: str, gain: PairedGain | None) -> str:
@@ -87,8 +123,10 @@ def summarise(data: StudyData) -> Summary:
     counts = outcome_counts(data)
     if data.board.empty:
         return Summary(counts, None, "no shape has completed a training yet: nothing to compare")
-    best = str(data.board.iloc[0]["key"])
-    tied = tied_set(data.scores, best)
+    best = best_shape(data)
+    race = race_of(data)
+    # after a race: the candidates it could not drop; else every shape a paired test cannot tell from the best
+    tied = [best] + [key for key in race.alive if key != best] if race is not None else tied_set(data.scores, best)
     names = [shape_label(data, key) for key in tied[:TIED_NAMES_SHOWN]]
     more = f" and {len(tied) - TIED_NAMES_SHOWN} more" if len(tied) > TIED_NAMES_SHOWN else ""
     tied_text = "; ".join(names) + more

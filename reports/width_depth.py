@@ -68,7 +68,11 @@ def _solve(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[float, float, f
 
 
 def _minimum(b: float, c: float) -> float | None:
-    return math.exp(-b / (2 * c)) if c > 0 else None
+    """``exp(-b / 2c)``; None when the curve is not U-shaped or its minimum lies beyond any sane width ratio."""
+    if c <= 0:
+        return None
+    x = -b / (2 * c)
+    return math.exp(x) if abs(x) < 50 else None
 
 
 def pooled_seed_sd(points: list[WidthDepthPoint]) -> float | None:

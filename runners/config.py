@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from nas.errors import UsageError
+
+MAX_TOKENS = 10**13  # far beyond any run: a typo is refused instead of planned
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,8 @@ class TrainConfig:
     prune_eval_tokens: int = 0  # validation tokens of the intermediate evaluations (pruning points); 0 = eval_tokens
     attention_batches: int = 1  # validation batches used for the per-layer attention distance
     diverge_factor: float = 2.0  # diverged when the train loss exceeds this multiple of its first value
+    ema_decay: float = 0.0  # > 0: the score is measured on an exponential moving average of the weights
+    score_evals: int = 1  # > 1: the score is the mean of this many full evaluations over the last quarter of training
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda | mps
     dtype: str = "fp32"  # fp32 | bf16 (autocast on CUDA)
@@ -35,18 +40,37 @@ class TrainConfig:
     threads: int = 0  # torch intra-op threads; 0 = the cores this process may use
 
     def __post_init__(self) -> None:
-        positive = ("tokens", "batch_size", "seq_len", "eval_every", "eval_tokens")
-        for name in positive:
-            if getattr(self, name) <= 0:
-                raise UsageError(f"{name}={getattr(self, name)} is invalid: it must be positive")
-        if self.threads < 0:
-            raise UsageError(f"threads={self.threads} is invalid: give 0 (every usable core) or a positive count")
+        limits = {"tokens": MAX_TOKENS, "batch_size": 2**16, "seq_len": 2**20, "eval_every": MAX_TOKENS,
+                  "eval_tokens": MAX_TOKENS}
+        for name, maximum in limits.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise UsageError(f"{name}={value!r} is invalid: it must be a positive integer")
+            if value > maximum:
+                raise UsageError(f"{name}={value:,} is too large: at most {maximum:,}")
+        for name, maximum in (("threads", 4096), ("prune_eval_tokens", MAX_TOKENS), ("attention_batches", 2**16)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= maximum:
+                raise UsageError(f"{name}={value!r} is invalid: give 0 or a positive integer up to {maximum:,}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**32:
+            raise UsageError(f"seed={self.seed!r} is invalid: give an integer in [0, 2^32)")
+        for name in ("lr", "grad_clip", "diverge_factor", "weight_decay", "min_lr_ratio", "beta1", "beta2"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise UsageError(f"{name}={value!r} is invalid: it must be a finite number")
         if self.lr <= 0:
             raise UsageError(f"lr={self.lr} is invalid: it must be positive")
+        if self.tokens < self.tokens_per_step:
+            raise UsageError(f"tokens={self.tokens:,} is less than one step of {self.batch_size} x {self.seq_len} = "
+                             f"{self.tokens_per_step:,} tokens")
         if not 0 <= self.warmup_frac < 1:
             raise UsageError(f"warmup_frac={self.warmup_frac} is invalid: use a value in [0, 1)")
         if self.device not in ("auto", "cpu", "cuda", "mps") and not self.device.startswith("cuda:"):
             raise UsageError(f"device={self.device!r} is invalid: choose auto, cpu, cuda, cuda:N or mps")
+        if not 0 <= self.ema_decay < 1:
+            raise UsageError(f"ema_decay={self.ema_decay} is invalid: use a value in [0, 1) (0: no averaging)")
+        if self.score_evals < 1:
+            raise UsageError(f"score_evals={self.score_evals} is invalid: give at least 1")
         if self.dtype not in ("fp32", "bf16"):
             raise UsageError(f"dtype={self.dtype!r} is invalid: choose fp32 or bf16")
 

@@ -164,6 +164,11 @@ def _train(model: Transformer, cfg: TrainConfig, data: TokenData, val: list, dev
     # split): cheap, and equal for every trial
     n_prune_batches = max(1, (cfg.prune_eval_tokens or cfg.eval_tokens) // cfg.tokens_per_step)
     curve_stride = max(1, steps // MAX_CURVE_POINTS)
+    # the score's extra full evaluations, evenly over the last quarter of training (score_evals > 1)
+    score_steps = {steps - 1 - round(i * steps / (4 * cfg.score_evals)) for i in range(1, cfg.score_evals)}
+    score_values: list[float] = []
+    params = [p for p in model.parameters() if p.requires_grad]
+    ema = [p.detach().clone() for p in params] if cfg.ema_decay > 0 else None
     first_loss: float | None = None
     train_time = 0.0
     model.train()
@@ -178,6 +183,10 @@ def _train(model: Transformer, cfg: TrainConfig, data: TokenData, val: list, dev
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         schedule.step()
+        if ema is not None:
+            with torch.no_grad():
+                for average, p in zip(ema, params):
+                    average.lerp_(p, 1.0 - cfg.ema_decay)
         loss_value = float(loss.detach())  # synchronises on CUDA
         train_time += time.perf_counter() - tick
         result.steps, result.tokens_seen = step + 1, (step + 1) * cfg.tokens_per_step
@@ -189,10 +198,18 @@ def _train(model: Transformer, cfg: TrainConfig, data: TokenData, val: list, dev
             result.reason = (f"train loss {loss_value:.4g} at step {step + 1} "
                              f"(first {first_loss:.4g}, limit {cfg.diverge_factor:g}x)")
             break
+        if step in score_steps:
+            score_values.append(evaluate(model, val, device, cfg.dtype))
         if (step + 1) % eval_interval == 0 or step == steps - 1:
             if step == steps - 1:  # the score, and the attention maps of the trained model
+                if ema is not None:  # score the averaged weights
+                    with torch.no_grad():
+                        for average, p in zip(ema, params):
+                            p.copy_(average)
                 result.val_loss, distances = final_evaluation(model, val, cfg.attention_batches, device, cfg.dtype)
                 result.attention_distance = distances if math.isfinite(result.val_loss) else []
+                if score_values and math.isfinite(result.val_loss):
+                    result.val_loss = (sum(score_values) + result.val_loss) / (len(score_values) + 1)
             else:
                 result.val_loss = evaluate(model, val[:n_prune_batches], device, cfg.dtype)
             result.eval_curve.append((result.tokens_seen, result.val_loss))

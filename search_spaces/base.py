@@ -89,6 +89,9 @@ def check_heads(heads: int, d_model: int) -> None:
         raise UsageError(reason)
 
 
-def check_positive(name: str, value: int, what: str = "it must be a positive integer") -> None:
+def check_positive(name: str, value: int, what: str = "it must be a positive integer",
+                   maximum: int | None = None) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise UsageError(f"{name}={value!r} is invalid: {what}")
+    if maximum is not None and value > maximum:
+        raise UsageError(f"{name}={value:,} is too large: at most {maximum:,}")

@@ -23,7 +23,7 @@ DEFAULT_BASELINE = uniform(n_layers=12, d_model=96, n_heads=12, vocab_size=256)
 SPACES = ("prism", "hourglass", "joint")
 PRISM_ONLY = ("min_plateau", "max_plateau", "min_baseline", "hw_aligned", "min_head_dim")
 HOURGLASS_ONLY = ("budget", "k_values", "layer_values", "ratio_values", "head_dim", "tolerance",
-                  "ratio_tolerance", "fix")
+                  "ratio_tolerance", "fix", "hidden_multiple")
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,7 @@ class SpaceOptions:
     tolerance: float | None = None  # 0.001 = 0.1% of the budget
     ratio_tolerance: float | None = None  # 0.15: achieved d_h/d_model within ±15% of the grid value
     fix: str | None = None  # "attention": keep the baseline's d_model and L
+    hidden_multiple: int | None = None  # d_h a multiple of this (64 for GPU presets); None: exact budgets
 
 
 def _given(opts: SpaceOptions, names: tuple[str, ...]) -> list[str]:

@@ -5,15 +5,22 @@ Paper: Hourglass FFN, stacks of ``K`` wide-narrow-wide residual SwiGLU sub-MLPs 
 A member has ``K`` SwiGLU sub-MLPs ``d_model -> d_h -> d_model`` per layer, ``d_model / head_dim``
 heads in every layer, and the exact parameter count of ``nas.arch.ArchConfig.n_params``
 
-    N(L, d, K, d_h) = t V d + 4 L d^2 + 3 L K d d_h + L (1 + K) d + d        (t = 1 tied, 2 untied)
+    N(L, d, K, d_h, w) = t V d + 4 L d^2 + 3 d (L K d_h + w) + L (1 + K) d + d     (t = 1 tied, 2 untied)
 
-within ``tolerance`` (relative) of the budget ``B``.
+within ``tolerance`` (relative) of the budget ``B``, where ``w`` of the ``L K`` sub-MLPs take
+``d_h + 1`` (``FFNShape.wider``): the budget is matched in steps of ``3 d`` parameters, not
+``3 L K d``, so every grid point whose width allows it lands within 0.01 % (at ``--budget 20M
+--vocab 256 --fix attention`` all of K = 1 ... 8 do; with ``d_h`` alone, only K = 1, 2, 8 came
+within 0.1 %). ``hidden_multiple`` (e.g. 64 for GPU presets, whose matmuls want tile-aligned
+widths) instead rounds ``d_h`` to that multiple with no wider sub-MLPs: aligned kernels, but the
+budget steps are ``3 L K d hidden_multiple`` (about 1-5 % at GPT-2 scale), so raise ``tolerance``.
 
 Solver for a grid point ``(K, L, rho = d_h / d_model)``: with ``d_h = rho d`` the count is a quadratic
 ``a d^2 + b d`` (``a = L (4 + 3 K rho)``, ``b = t V + L (1 + K) + 1``), so the continuous width is
 ``d*(rho) = (-b + sqrt(b^2 + 4 a B)) / 2a``. The candidates are the multiples of ``head_dim``
-between ``d*(rho (1 + ratio_tolerance))`` and ``d*(rho (1 - ratio_tolerance))``; each gets the integer
-``d_h`` closest to the budget, ``round((B - N(L, d, K, 0)) / (3 L K d))``. Among those within
+between ``d*(rho (1 + ratio_tolerance))`` and ``d*(rho (1 - ratio_tolerance))``; each gets the FFN
+closest to the budget, ``u = round((B - N(L, d, K, 0, 0)) / 3 d)`` hidden units over all sub-MLPs,
+``d_h = u // (L K)`` and ``w = u % (L K)``. Among those within
 ``tolerance`` of the budget and within ``ratio_tolerance`` of ``rho``, the one closest to ``rho``
 wins. A point with no such width is *unmatched* and reported with the reason.
 
@@ -34,7 +41,17 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from nas.arch import ArchConfig, FFNShape, llama_ffn_hidden, uniform
+from nas.arch import (
+    MAX_K,
+    MAX_LAYERS,
+    MAX_PARAMS,
+    MAX_VOCAB,
+    MAX_WIDTH,
+    ArchConfig,
+    FFNShape,
+    llama_ffn_hidden,
+    uniform,
+)
 from nas.errors import UsageError
 from search_spaces.base import SearchSpace, check_heads, check_positive
 
@@ -42,6 +59,7 @@ if TYPE_CHECKING:
     from optuna.trial import BaseTrial
 
 DEFAULT_K_VALUES = (1, 2, 4, 6, 8)
+MAX_GRID_POINTS = 20_000  # solving is milliseconds a point: a grid larger than this is a typo
 DEFAULT_RATIO_VALUES = (0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0)
 DEFAULT_LAYER_FACTORS = (0.5, 0.75, 1.0, 1.5, 2.0)  # default L grid: these multiples of the baseline's L
 FIX_CHOICES = ("attention",)
@@ -86,7 +104,7 @@ class HourglassSpace(SearchSpace):
     """Budget-matched grid over K, L and d_h/d_model (d_model solved), the conventional baseline first."""
 
     name = "hourglass"
-    table_columns = ("kind", "k", "layers", "d_model", "d_h", "params", "budget_deviation",
+    table_columns = ("kind", "k", "layers", "d_model", "d_h", "wider", "params", "budget_deviation",
                      "d_model_per_layer", "d_h_over_d_model")
 
     def __init__(
@@ -106,12 +124,14 @@ class HourglassSpace(SearchSpace):
         tolerance: float = 0.001,  # |N - B| / B allowed (0.1%)
         ratio_tolerance: float = 0.15,  # |achieved d_h/d_model / target - 1| allowed (widths step by head_dim)
         fix: str | None = None,  # "attention": keep the baseline's d_model and L
+        hidden_multiple: int = 1,  # d_h a multiple of this (64 for GPU presets) and no wider sub-MLPs; 1: exact
     ) -> None:
-        for name, value in (("layers", layers), ("d_model", d_model), ("vocab_size", vocab_size)):
-            check_positive(name, value)
+        for name, value, maximum in (("layers", layers, MAX_LAYERS), ("d_model", d_model, MAX_WIDTH),
+                                     ("vocab_size", vocab_size, MAX_VOCAB)):
+            check_positive(name, value, maximum=maximum)
         check_heads(heads, d_model)
         head_dim = d_model // heads if head_dim is None else head_dim
-        check_positive("head_dim", head_dim)
+        check_positive("head_dim", head_dim, maximum=MAX_WIDTH)
         if d_model % head_dim:
             raise UsageError(f"head_dim={head_dim} does not divide the baseline's d_model={d_model}")
         if fix not in (None, *FIX_CHOICES):
@@ -125,45 +145,60 @@ class HourglassSpace(SearchSpace):
             raise UsageError(f"ratio_tolerance={ratio_tolerance!r} is invalid: give a fraction in (0, 1)")
         self.k_values = _sorted_unique(DEFAULT_K_VALUES if k_values is None else k_values)
         for k in self.k_values:
-            check_positive("k", k, "the FFN stack depth K is an integer >= 1")
+            check_positive("k", k, "the FFN stack depth K is an integer >= 1", maximum=MAX_K)
         if layer_values is None:
             layer_values = [max(1, round(layers * f)) for f in DEFAULT_LAYER_FACTORS]
         self.ratio_values = _sorted_unique(DEFAULT_RATIO_VALUES if ratio_values is None else ratio_values)
         for ratio in self.ratio_values:
-            if not (isinstance(ratio, (int, float)) and ratio > 0):
-                raise UsageError(f"d_h/d_model ratio {ratio!r} is invalid: ratios are positive numbers such as 0.4")
+            if not (isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and math.isfinite(ratio)
+                    and 0 < ratio <= 64):
+                raise UsageError(f"d_h/d_model ratio {ratio!r} is invalid: ratios are positive numbers such as 0.4 "
+                                 "(at most 64)")
         if not self.k_values or not self.ratio_values or not layer_values:
             raise UsageError("the grid needs at least one value each of K, L and d_h/d_model")
         self.vocab_size, self.tie_embeddings, self.head_dim = vocab_size, bool(tie_embeddings), head_dim
         self.tolerance, self.ratio_tolerance, self.fix = tolerance, ratio_tolerance, fix
+        check_positive("hidden_multiple", hidden_multiple, "d_h is a multiple of a positive integer (1, 8, 64 ...)",
+                       maximum=MAX_WIDTH)
+        self.hidden_multiple = hidden_multiple
         hidden = llama_ffn_hidden(d_model) if ffn_hidden is None else ffn_hidden
-        check_positive("ffn_hidden", hidden)
+        check_positive("ffn_hidden", hidden, maximum=MAX_WIDTH)
         self.reference = uniform(layers, d_model, d_model // head_dim, vocab_size, FFNShape(1, hidden), tie_embeddings)
         self.budget = self.reference.n_params()["total"] if budget is None else budget
-        check_positive("budget", self.budget, "a parameter budget is a positive integer such as 113M")
+        check_positive("budget", self.budget, "a parameter budget is a positive integer such as 113M",
+                       maximum=MAX_PARAMS)
         self._baseline = self._solve_baseline()
         if fix:
             self.layer_values: tuple[int, ...] = (self._baseline.n_layers,)
         else:
             self.layer_values = _sorted_unique(layer_values)
             for value in self.layer_values:
-                check_positive("layers", value, "grid layer counts are integers >= 1")
+                check_positive("layers", value, "grid layer counts are integers >= 1", maximum=MAX_LAYERS)
+        points = len(self.k_values) * len(self.layer_values) * (1 if fix else len(self.ratio_values))
+        if points > MAX_GRID_POINTS:
+            raise UsageError(f"the grid has {points:,} points (K x L x d_h/d_model values): at most "
+                             f"{MAX_GRID_POINTS:,}; give fewer --k-values, --layer-values or --ratio-values")
 
     # ----------------------------------------------------------------- the solver
-    def _arch(self, layers: int, d_model: int, k: int, d_h: int) -> ArchConfig:
+    def _arch(self, layers: int, d_model: int, k: int, d_h: int, wider: int = 0) -> ArchConfig:
         heads = d_model // self.head_dim
-        return uniform(layers, d_model, heads, self.vocab_size, FFNShape(k, d_h), self.tie_embeddings)
+        return uniform(layers, d_model, heads, self.vocab_size, FFNShape(k, d_h, wider), self.tie_embeddings)
 
     def deviation(self, arch: ArchConfig) -> float:
         """Signed relative distance of the exact parameter count from the budget."""
         return (arch.n_params()["total"] - self.budget) / self.budget
 
-    def _best_d_h(self, layers: int, d_model: int, k: int) -> int | None:
-        """The integer d_h whose exact count is closest to the budget, or None if no FFN fits."""
+    def _best_ffn(self, layers: int, d_model: int, k: int) -> tuple[int, int] | None:
+        """``(d_h, wider)`` whose exact count is closest to the budget (module docstring), or None if no FFN fits."""
         rest = self._arch(layers, d_model, k, 1).n_params()["total"] - 3 * layers * k * d_model
-        step = 3 * layers * k * d_model  # parameters per unit of d_h
-        d_h = (2 * (self.budget - rest) + step) // (2 * step)  # round to nearest
-        return d_h if d_h >= 1 else None
+        if self.hidden_multiple > 1:  # aligned: whole multiples of the sub-MLP width, no wider ones
+            step = 3 * layers * k * d_model * self.hidden_multiple
+            d_h = (2 * (self.budget - rest) + step) // (2 * step) * self.hidden_multiple
+            return (d_h, 0) if d_h >= 1 else None
+        step = 3 * d_model  # parameters per hidden unit of one sub-MLP
+        units = (2 * (self.budget - rest) + step) // (2 * step)  # round to nearest
+        d_h, wider = divmod(units, layers * k)
+        return (d_h, wider) if d_h >= 1 else None
 
     def _width(self, layers: int, k: int, ratio: float) -> float:
         """The continuous d_model at which d_h = ratio * d_model meets the budget (module docstring)."""
@@ -179,10 +214,11 @@ class HourglassSpace(SearchSpace):
         best: tuple[tuple[float, float], ArchConfig] | None = None
         miss: tuple[float, ArchConfig] | None = None
         for d_model in range(low, high + 1, hd):
-            d_h = self._best_d_h(layers, d_model, k)
-            if d_h is None or abs(d_h / d_model / ratio - 1) > ratio_tolerance:
+            ffn = self._best_ffn(layers, d_model, k)
+            if ffn is None or abs(ffn[0] / d_model / ratio - 1) > ratio_tolerance:
                 continue
-            arch = self._arch(layers, d_model, k, d_h)
+            d_h = ffn[0]
+            arch = self._arch(layers, d_model, k, *ffn)
             deviation = abs(self.deviation(arch))
             if deviation <= self.tolerance:
                 score = (abs(d_h / d_model - ratio), deviation)
@@ -194,18 +230,27 @@ class HourglassSpace(SearchSpace):
             return best[1]
         if miss:
             d, d_h = miss[1].d_model, miss[1].ffn.hidden
-            return (f"d_h steps of 3·L·K·d_model = {3 * layers * k * d:,} parameters are too coarse: the closest, "
-                    f"d_model={d} d_h={d_h}, is {self.deviation(miss[1]):+.3%} off the budget "
-                    f"(tolerance ±{self.tolerance:.3%}; raise --tolerance)")
+            step = 3 * d * (layers * k * self.hidden_multiple if self.hidden_multiple > 1 else 1)
+            return (f"budget steps of {step:,} parameters are too coarse: the closest, d_model={d} d_h={d_h}, is "
+                    f"{self.deviation(miss[1]):+.3%} off the budget (tolerance ±{self.tolerance:.3%}; raise "
+                    "--tolerance)")
         return (f"no d_model that is a multiple of head_dim={hd} gives d_h/d_model within ±{ratio_tolerance:.0%} "
                 f"of {ratio:g} at this budget (continuous solution d_model≈{self._width(layers, k, ratio):.0f})")
 
+    def solve(self, k: int, layers: int, ratio: float | None) -> ArchConfig | str:
+        """The budget-matched shape of one grid point, or the reason there is none (``ratio`` None: fixed attention,
+        the baseline's d_model and L with d_h from the budget)."""
+        if ratio is None:
+            return self._solve_fixed(k)
+        return self._solve(k, layers, ratio, self.ratio_tolerance)
+
     def _solve_fixed(self, k: int) -> ArchConfig | str:
         base = self._baseline
-        d_h = self._best_d_h(base.n_layers, base.d_model, k)
-        if d_h is None:
+        ffn = self._best_ffn(base.n_layers, base.d_model, k)
+        if ffn is None:
             return f"attention and embeddings alone exceed the budget {self.budget:,}"
-        arch = self._arch(base.n_layers, base.d_model, k, d_h)
+        d_h = ffn[0]
+        arch = self._arch(base.n_layers, base.d_model, k, *ffn)
         if abs(self.deviation(arch)) > self.tolerance:
             return (f"d_h={d_h} is {self.deviation(arch):+.3%} off the budget (tolerance ±{self.tolerance:.3%}; "
                     "raise --tolerance)")
@@ -312,10 +357,11 @@ class HourglassSpace(SearchSpace):
         return by_point[min(matched, key=distance)]
 
     def suggest(self, trial: BaseTrial) -> ArchConfig:
-        """Parameters: ``ffn`` in {conventional, hourglass}; for hourglass ``k`` (categorical over
-        k_values) and, unless attention is fixed, ``layers`` and ``d_h_over_d_model`` (categoricals over
-        the grid). An unmatched point is replaced by the nearest matched one."""
-        if trial.suggest_categorical("ffn", ("conventional", "hourglass")) == "conventional":
+        """Parameters: ``ffn_draw`` in ``[0, count())``, 0 standing for the conventional baseline (one member
+        among ``count()``, not one draw in two); for the others ``k`` (categorical over k_values) and,
+        unless attention is fixed, ``layers`` and ``d_h_over_d_model`` (categoricals over the grid). An
+        unmatched point is replaced by the nearest matched one."""
+        if trial.suggest_int("ffn_draw", 0, max(0, self.count() - 1)) == 0:
             return self._baseline
         k = trial.suggest_categorical("k", self.k_values)
         if self.fix:
@@ -328,8 +374,8 @@ class HourglassSpace(SearchSpace):
         self._require_member(arch)
         point = self.point_of(arch)
         if point is None:
-            return {"ffn": "conventional"}
-        params: dict[str, Any] = {"ffn": "hourglass", "k": point.k}
+            return {"ffn_draw": 0}
+        params: dict[str, Any] = {"ffn_draw": 1, "k": point.k}
         if not self.fix:
             params.update(layers=point.layers, d_h_over_d_model=point.ratio)
         return params
@@ -341,6 +387,8 @@ class HourglassSpace(SearchSpace):
             "k_values": list(self.k_values), "layer_values": list(self.layer_values),
             "ratio_values": None if self.fix else list(self.ratio_values),
             "tolerance": self.tolerance, "ratio_tolerance": self.ratio_tolerance, "fix": self.fix,
+            "solver": "exact" if self.hidden_multiple == 1 else f"d_h multiple of {self.hidden_multiple}",
+            "parametrization": 2,  # 2: the baseline one draw in count() (1: a categorical, one draw in two)
         }
 
     def row(self, arch: ArchConfig) -> dict[str, Any]:
@@ -349,7 +397,7 @@ class HourglassSpace(SearchSpace):
         return {
             "kind": "baseline" if arch == self._baseline else "hourglass",
             "k": arch.ffn.k, "layers": arch.n_layers, "d_model": arch.d_model, "d_h": arch.ffn.hidden,
-            "n_heads": arch.heads[0], "head_dim": arch.d_model // arch.heads[0],
+            "wider": arch.ffn.wider, "n_heads": arch.heads[0], "head_dim": arch.d_model // arch.heads[0],
             "params": p["total"], "params_embedding": p["embedding"], "params_attention": p["attention"],
             "params_ffn": p["ffn"], "params_norm": p["norm"],
             "budget": self.budget, "budget_deviation": self.deviation(arch),

@@ -63,9 +63,11 @@ class JointSpace(SearchSpace):
                           tie_embeddings=arch.tie_embeddings, ffn=arch.ffn, **self.prism_options)
 
     @cached_property
-    def _caps(self) -> tuple[int, int]:
+    def _caps(self) -> tuple[int, int, int]:
+        """Study-wide ranges of the schedule parameters: plateaus, ranks, and the plateau-count draw."""
         prisms = self._prisms.values()
-        return max(p.max_plateaus for p in prisms), max(1, max(len(p.candidates) for p in prisms))
+        return (max(p.max_plateaus for p in prisms), max(1, max(len(p.candidates) for p in prisms)),
+                max(p.draw_resolution() for p in prisms))
 
     def _uniform(self, arch: ArchConfig) -> ArchConfig | None:
         """The hourglass member under a schedule: the same shape with uniform heads."""
@@ -94,16 +96,17 @@ class JointSpace(SearchSpace):
         return self._prisms[shape.key()].validate(arch)
 
     def suggest(self, trial: BaseTrial) -> ArchConfig:
-        """Hourglass parameters (``ffn``, ``k``, ``layers``, ``d_h_over_d_model``) then ``n_plateaus``,
+        """Hourglass parameters (``ffn_draw``, ``k``, ``layers``, ``d_h_over_d_model``) then ``n_plateaus_draw``,
         ``plateau_{i}_len`` and ``plateau_{i}_rank`` with study-wide caps (module docstring)."""
         prism = self._prisms[self.hourglass.suggest(trial).key()]
-        n_cap, rank_cap = self._caps
-        return prism.member(prism.suggest_schedule(trial, n_cap=n_cap, rank_cap=rank_cap))
+        n_cap, rank_cap, resolution = self._caps
+        return prism.member(prism.suggest_schedule(trial, n_cap=n_cap, rank_cap=rank_cap, resolution=resolution))
 
     def params_of(self, arch: ArchConfig) -> dict[str, Any]:
         self._require_member(arch)
         shape = self._uniform(arch)
-        return {**self.hourglass.params_of(shape), **self._prisms[shape.key()].schedule_params(arch.heads)}
+        return {**self.hourglass.params_of(shape),
+                **self._prisms[shape.key()].schedule_params(arch.heads, resolution=self._caps[2])}
 
     def describe(self) -> dict[str, Any]:
         return {**self.hourglass.describe(), **self.prism_options, "space": self.name}

@@ -29,7 +29,17 @@ from functools import cached_property
 from itertools import combinations
 from typing import TYPE_CHECKING, Any
 
-from nas.arch import ArchConfig, FFNShape, divisors_up_to, format_plateaus, llama_ffn_hidden, plateaus
+from nas.arch import (
+    MAX_LAYERS,
+    MAX_VOCAB,
+    MAX_WIDTH,
+    ArchConfig,
+    FFNShape,
+    divisors_up_to,
+    format_plateaus,
+    llama_ffn_hidden,
+    plateaus,
+)
 from nas.errors import UsageError
 from search_spaces.base import SearchSpace, check_heads, check_positive
 
@@ -51,6 +61,10 @@ def parse_schedule(text: str) -> tuple[int, ...]:
             )
         heads += [int(count)] * (int(times) if times else 1)
     return tuple(heads)
+
+
+DRAWS_PER_MEMBER = 8  # resolution of the plateau-count draw: each member's share spans at least 8 integers
+PARAMETRIZATION = 2  # 2: the plateau count is drawn in proportion to its members (1: uniformly, the baseline 1/4)
 
 
 def _is_power_of_two(n: int) -> bool:
@@ -78,8 +92,8 @@ class PrismSpace(SearchSpace):
         tie_embeddings: bool = True,
         ffn: FFNShape | None = None,  # None: the conventional LLaMA FFN of this d_model
     ) -> None:
-        check_positive("layers", layers)
-        check_positive("d_model", d_model)
+        check_positive("layers", layers, maximum=MAX_LAYERS)
+        check_positive("d_model", d_model, maximum=MAX_WIDTH)
         check_heads(heads, d_model)
         check_positive("min_plateau", min_plateau, "plateaus have at least 1 layer")
         check_positive("max_plateau", max_plateau, "plateaus have at least 1 layer")
@@ -90,7 +104,7 @@ class PrismSpace(SearchSpace):
             raise UsageError(f"min_baseline={min_baseline!r} is invalid for layers={layers}: choose 1..{layers}")
         if min_head_dim is not None:
             check_positive("min_head_dim", min_head_dim)
-        check_positive("vocab_size", vocab_size)
+        check_positive("vocab_size", vocab_size, maximum=MAX_VOCAB)
         self.layers, self.d_model, self.h_base = layers, d_model, heads
         self.min_plateau, self.max_plateau, self.min_baseline = min_plateau, max_plateau, min_baseline
         self.hw_aligned, self.min_head_dim = bool(hw_aligned), min_head_dim
@@ -147,7 +161,8 @@ class PrismSpace(SearchSpace):
         return (self.member(s) for s in self.schedules())
 
     @cached_property
-    def _count(self) -> int:
+    def members_by_plateaus(self) -> tuple[int, ...]:
+        """How many members have 0, 1, ... ``max_plateaus`` plateaus below the baseline plateau."""
         # ways[p][j]: compositions of p prefix layers into j plateaus of allowed length
         ways = [[0] * (self.max_plateaus + 1) for _ in range(self.prefix_max + 1)]
         ways[0][0] = 1
@@ -155,8 +170,12 @@ class PrismSpace(SearchSpace):
             for j in range(1, self.max_plateaus + 1):
                 ways[p][j] = sum(ways[p - n][j - 1] for n in range(self.min_plateau, min(self.max_plateau, p) + 1))
         m = len(self.candidates)
-        return sum(ways[p][j] * math.comb(m, j)
-                   for p in range(self.prefix_max + 1) for j in range(self.max_plateaus + 1))
+        return tuple(sum(ways[p][j] for p in range(self.prefix_max + 1)) * math.comb(m, j)
+                     for j in range(self.max_plateaus + 1))
+
+    @cached_property
+    def _count(self) -> int:
+        return sum(self.members_by_plateaus)
 
     def count(self) -> int:
         return self._count
@@ -209,21 +228,44 @@ class PrismSpace(SearchSpace):
         return reasons + self.validate_schedule(arch.heads)
 
     # ----------------------------------------------------------------- sampling
-    def suggest_schedule(self, trial: BaseTrial, n_cap: int | None = None,
-                         rank_cap: int | None = None) -> tuple[int, ...]:
+    def draw_resolution(self) -> int:
+        """The range of the plateau-count draw: ``DRAWS_PER_MEMBER`` integers per member."""
+        return DRAWS_PER_MEMBER * self.count()
+
+    def plateaus_of_draw(self, draw: int, resolution: int) -> int:
+        """The plateau count a draw in ``[0, resolution)`` stands for: ``n`` takes the share of the range that its
+        members take of the space, so the baseline (``n = 0``) is one member among ``count()``."""
+        members, total = self.members_by_plateaus, self.count()
+        cumulative = 0
+        for n, size in enumerate(members):
+            cumulative += size
+            if draw * total < cumulative * resolution:
+                return n
+        return len(members) - 1
+
+    def draw_of_plateaus(self, n: int, resolution: int) -> int:
+        """The first draw that stands for ``n`` plateaus (inverse of ``plateaus_of_draw``)."""
+        before = sum(self.members_by_plateaus[:n])
+        return -(-before * resolution // self.count())
+
+    def suggest_schedule(self, trial: BaseTrial, n_cap: int | None = None, rank_cap: int | None = None,
+                         resolution: int | None = None) -> tuple[int, ...]:
         """Sample a valid schedule from learnable parameters, repairing out-of-range ones deterministically.
 
-        Parameters: ``n_plateaus`` in ``[0, n_cap]`` and, for plateau ``i`` = 1..n, ``plateau_{i}_len``
-        in ``[min_plateau, max_plateau]`` and ``plateau_{i}_rank`` in ``[0, rank_cap - 1]`` (index into the
-        ascending candidate head counts). The caps default to this space's own maxima; the joint
-        space passes the maxima over all its widths so that ranges never change within a study.
-        The repair (clamp the plateau count, shorten lengths that would eat into the baseline
-        plateau, push ranks up to keep them strictly increasing) is the identity on valid
-        schedules, so ``schedule_params`` inverts it exactly.
+        Parameters: ``n_plateaus_draw`` in ``[0, resolution)``, standing for a plateau count in proportion
+        to its members (``plateaus_of_draw``: drawn uniformly, the baseline comes one draw in ``count()``,
+        not one in ``max_plateaus + 1``), and, for plateau ``i`` = 1..n, ``plateau_{i}_len`` in
+        ``[min_plateau, max_plateau]`` and ``plateau_{i}_rank`` in ``[0, rank_cap - 1]`` (index into the
+        ascending candidate head counts). The caps and the resolution default to this space's own;
+        the joint space passes the maxima over all its widths so that ranges never change within a
+        study. The repair (clamp the plateau count, shorten lengths that would eat into the baseline
+        plateau, push ranks up to keep them strictly increasing) is the identity on valid schedules,
+        so ``schedule_params`` inverts it exactly.
         """
-        n_cap = self.max_plateaus if n_cap is None else n_cap
         rank_cap = len(self.candidates) if rank_cap is None else rank_cap
-        n = min(trial.suggest_int("n_plateaus", 0, n_cap), self.max_plateaus)
+        resolution = self.draw_resolution() if resolution is None else resolution
+        draw = trial.suggest_int("n_plateaus_draw", 0, resolution - 1)
+        n = min(self.plateaus_of_draw(draw, resolution), self.max_plateaus)
         m, used, previous, steps = len(self.candidates), 0, -1, []
         for i in range(1, n + 1):
             left = n - i  # plateaus still to place, each needing min_plateau layers and a higher rank
@@ -235,10 +277,11 @@ class PrismSpace(SearchSpace):
             used, previous = used + length, rank
         return tuple(steps) + (self.h_base,) * (self.layers - used)
 
-    def schedule_params(self, heads: Sequence[int]) -> dict[str, int]:
+    def schedule_params(self, heads: Sequence[int], resolution: int | None = None) -> dict[str, int]:
         """Inverse of ``suggest_schedule`` for a valid schedule."""
         steps = plateaus(heads)[:-1]
-        params = {"n_plateaus": len(steps)}
+        resolution = self.draw_resolution() if resolution is None else resolution
+        params = {"n_plateaus_draw": self.draw_of_plateaus(len(steps), resolution)}
         for i, (h, n) in enumerate(steps, start=1):
             params[f"plateau_{i}_len"] = n
             params[f"plateau_{i}_rank"] = self.candidates.index(h)
@@ -259,6 +302,7 @@ class PrismSpace(SearchSpace):
             "hw_aligned": self.hw_aligned, "min_head_dim": self.min_head_dim,
             "vocab_size": self.vocab_size, "tie_embeddings": self.tie_embeddings,
             "ffn": {"k": self.ffn.k, "hidden": self.ffn.hidden}, "candidates": list(self.candidates),
+            "parametrization": PARAMETRIZATION,
         }
 
     def row(self, arch: ArchConfig) -> dict[str, Any]:

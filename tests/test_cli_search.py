@@ -50,7 +50,7 @@ def one_line_error(result) -> str:
     (["--trials", "-3"], "--trials -3 is invalid"),
     (["--workers", "0"], "--workers 0 is invalid"),
     (["--sampler", "cmaes"], "'cmaes' is not one of 'tpe', 'random', 'grid', 'gp', 'nsga2'"),
-    (["--pruner", "asha"], "'asha' is not one of 'median', 'hyperband', 'none'"),
+    (["--pruner", "asha"], "'asha' is not one of 'auto', 'median', 'hyperband', 'none'"),
     (["--dtype", "fp8"], "'fp8' is not one of 'fp32', 'bf16'"),
     (["--trials", "many"], "Invalid value for '--trials' ('many')"),
     (["--no-such-option"], "No such option: --no-such-option"),
@@ -140,7 +140,7 @@ def test_best_json_gives_mean_and_ci_over_seeds_and_gain_over_the_baseline(small
     assert len(rows) == 3 and [r["rank"] for r in rows] == [1, 2, 3]
     assert [r["mean_loss"] for r in rows] == sorted(r["mean_loss"] for r in rows)
     (base,) = [r for r in rows if r["is_baseline"]]
-    base_losses = [t.values[0] for t in counted(trials) if t.user_attrs["role"] in ("baseline", "replicate")]
+    base_losses = [t.values[0] for t in counted(trials) if t.user_attrs["key"] == trials[0].user_attrs["key"]]
     assert base["seeds"] == 2 and base["mean_loss"] == pytest.approx(mean(base_losses))
     assert base["ci95"] > 0 and base["gain_pct"] == 0 and base["heads"] == "4x4"
     for r in rows:
@@ -159,8 +159,9 @@ def test_best_table_lists_every_shape_and_marks_the_baseline(small_study):
     storage, name, _ = small_study
     result = invoke("best", "--study-name", name, "--storage", storage)
     assert result.exit_code == 0, result.output
-    header, *rows = result.stdout.splitlines()
-    for column in ("heads", "seeds", "mean loss", "± ci95", "gain %", "params", "tok/s"):
+    sentence, header, *rows = result.stdout.splitlines()
+    assert "the baseline" in sentence  # the summary sentence first, as the report says it
+    for column in ("heads", "seeds", "mean loss", "± ci95", "paired gain % (95% CI)", "tied", "params", "tok/s"):
         assert column in header
     assert len(rows) == 3 and sum(row.endswith("(baseline)") for row in rows) == 1
     # one study in the storage: --study-name may be left out

@@ -1,4 +1,4 @@
-"""The median pruner waits for real trainings, not for duplicates answered from stored results."""
+"""The median pruner waits for real trainings, not for answered duplicates; ``auto`` never prunes a walk."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import optuna
 from optuna.trial import TrialState
 
 from nas.study.config import SearchConfig
-from nas.study.session import MEDIAN_STARTUP_TRIALS, make_pruner
+from nas.study.session import MEDIAN_STARTUP_TRIALS, make_pruner, resolved_pruner
 from runners.config import TrainConfig
 
 STEP = 8_192
@@ -49,3 +49,14 @@ def test_duplicates_do_not_count_towards_the_median_pruners_start_up() -> None:
     # now MEDIAN_STARTUP_TRIALS trainings reported at this step: the same trial is pruned
     assert _would_prune(study, 9.0)
     assert not _would_prune(study, 1.5)
+
+
+def test_auto_trains_every_member_of_an_exhaustive_walk_to_the_end_and_prunes_sampled_trials() -> None:
+    auto = SearchConfig()
+    assert auto.pruner == "auto"
+    assert resolved_pruner(auto, exhaustive=True) == "none"
+    assert isinstance(make_pruner(auto, TrainConfig(), exhaustive=True), optuna.pruners.NopPruner)
+    assert isinstance(make_pruner(auto, TrainConfig(), exhaustive=False), optuna.pruners.MedianPruner)
+    # asked for by name, a pruner prunes a walk too
+    assert isinstance(make_pruner(SearchConfig(pruner="median"), TrainConfig(), exhaustive=True),
+                      optuna.pruners.MedianPruner)

@@ -100,7 +100,7 @@ def test_rerunning_the_same_search_continues_it_to_the_requested_trials(tmp_path
 
 
 def test_space_of_5_with_12_trials_trains_each_member_once_then_seed_replicates(tmp_path):
-    proc = run_nas("search", *SPACE5, *TINY, "--tokens", "2k", "--trials", "12", cwd=tmp_path)
+    proc = run_nas("search", *SPACE5, *TINY, "--tokens", "2k", "--trials", "12", "--replicates", "fixed", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "nas.db").is_file()  # the default storage, in the working directory
     name = re.search(r"study '([^']+)'", proc.stderr).group(1)
@@ -130,6 +130,26 @@ def test_space_of_5_with_12_trials_trains_each_member_once_then_seed_replicates(
                                                 sqlite_url(tmp_path / "nas.db"), "--format", "json"]).stdout)
     assert len(board) == 5 and all(row["ci95"] is not None and row["seeds"] >= 2 for row in board)
     assert Counter(row["is_baseline"] for row in board) == {True: 1, False: 4}
+
+
+def test_space_of_5_races_its_members_on_common_seeds_after_the_walk(tmp_path):
+    """The default after an exhaustive walk: the baseline and the best members race on common seeds; the worse
+    ones are dropped; every (shape, seed) once; nas best names the tied set."""
+    storage = sqlite_url(tmp_path / "race.db")
+    search = run_search(SearchConfig(space=tiny_space(layers=6), preset="tiny", storage=storage, trials=20,
+                                     race_size=3, train_overrides=(("tokens", 2048),)))
+    trials = load_trials(storage, search.config.study_name)
+    assert_no_repeated_work(trials, 20)
+    done = counted(trials)
+    first = [t for t in done if t.user_attrs["role"] in ("baseline", "member")]
+    assert len(first) == 5 and {t.user_attrs["seed"] for t in first} == {0}
+    raced = [t for t in done if t.user_attrs["role"] in ("race", "confirm")]
+    assert len(raced) == 15 and 0 not in {t.user_attrs["seed"] for t in raced}
+    round_1 = {t.user_attrs["key"] for t in raced if t.user_attrs["seed"] == 1}
+    assert len(round_1) == 4 and search.baseline.key() in round_1  # the baseline and the 3 best, one common seed
+    assert all(t.state == TrialState.COMPLETE for t in raced)  # race trials are never pruned
+    board = json.loads(CliRunner().invoke(app, ["best", "--storage", storage, "--format", "json"]).stdout)
+    assert sum(r["tied_with_best"] for r in board) >= 1 and all("paired_gain_low" in r for r in board)
 
 
 def test_a_suggestion_of_a_trained_shape_is_answered_from_the_stored_result(tmp_path):
@@ -165,12 +185,18 @@ def test_every_sampler_and_pruner_searches(tmp_path, sampler, pruner, sampler_cl
     assert {t.user_attrs["role"] for t in counted(trials)} == {"baseline", "sampled"}
 
 
-@pytest.mark.parametrize("space, members", [("hourglass", 7), ("joint", 16)])
-def test_hourglass_and_joint_searches_train_k_deep_ffn_stacks_end_to_end(tmp_path, space, members):
+GRID = {"k_values": (1, 2, 8), "layer_values": (2, 4), "ratio_values": (0.5, 1.0)}
+
+
+@pytest.mark.parametrize("space", ["hourglass", "joint"])
+def test_hourglass_and_joint_searches_train_k_deep_ffn_stacks_end_to_end(tmp_path, space):
     """The tiny preset's hourglass grid (K up to 8) and joint space walked exhaustively: every K > 1 member is a
     real training, recorded with its budget-matched parameter count (the shape's, not the baseline's)."""
     storage = sqlite_url(tmp_path / "deep.db")
-    search = run_search(SearchConfig(space=SpaceOptions(space=space), preset="tiny", storage=storage, trials=members,
+    options = SpaceOptions(space=space, **GRID)
+    members = build_space(options, defaults=get_preset("tiny").baseline).count()
+    assert 4 <= members <= 30
+    search = run_search(SearchConfig(space=options, preset="tiny", storage=storage, trials=members,
                                      pruner="none", train_overrides=(("tokens", 2048),)))
     assert search.exhaustive and search.space.count() == members
     trials = load_trials(storage, search.config.study_name)
@@ -183,8 +209,10 @@ def test_hourglass_and_joint_searches_train_k_deep_ffn_stacks_end_to_end(tmp_pat
     for t in deep:
         a = t.user_attrs
         assert t.state == TrialState.COMPLETE and a["status"] == "ok" and a["val_loss"] < 5.55  # below ln 256
-        assert a["arch"]["ffn"] == {"k": a["k"], "hidden": a["d_h"]} and a["d_h"] < 4 * a["d_model"]
-        assert a["params_breakdown"]["ffn"] == a["layers"] * a["k"] * 3 * a["d_model"] * a["d_h"]
+        ffn = a["arch"]["ffn"]
+        assert (ffn["k"], ffn["hidden"]) == (a["k"], a["d_h"]) and a["d_h"] < 4 * a["d_model"]
+        units = a["layers"] * a["k"] * a["d_h"] + ffn.get("wider", 0)  # d_h + 1 in `wider` of the sub-MLPs
+        assert a["params_breakdown"]["ffn"] == 3 * a["d_model"] * units
         assert abs(a["params"] - budget) <= search.space.describe()["tolerance"] * budget
         assert len(a["attention_distance"]) == a["layers"]
     if space == "joint":  # K-deep stacks with a Prism staircase on top

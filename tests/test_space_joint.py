@@ -64,7 +64,7 @@ def test_tpe_suggests_only_members_with_stable_distributions(joint):
     for trial in study.trials:
         for name, dist in trial.distributions.items():
             assert distributions.setdefault(name, dist) == dist, f"{name} changed its range"
-    assert {"ffn", "k", "layers", "d_h_over_d_model", "n_plateaus"} <= set(distributions)
+    assert {"ffn_draw", "k", "layers", "d_h_over_d_model", "n_plateaus_draw"} <= set(distributions)
 
 
 def test_validate_explains_the_shape_and_the_schedule(joint):

@@ -170,7 +170,7 @@ def test_any_in_range_parameters_give_a_member():
     space = PrismSpace(12, 768, 12)
     rng = random.Random(0)
     for _ in range(2000):
-        params = {"n_plateaus": rng.randint(0, space.max_plateaus)}
+        params = {"n_plateaus_draw": rng.randrange(space.draw_resolution())}
         for i in range(1, space.max_plateaus + 1):
             params[f"plateau_{i}_len"] = rng.randint(space.min_plateau, space.max_plateau)
             params[f"plateau_{i}_rank"] = rng.randrange(len(space.candidates))
@@ -196,7 +196,7 @@ def test_tpe_suggests_only_valid_members_with_stable_distributions():
     for trial in study.trials:
         for name, dist in trial.distributions.items():
             assert distributions.setdefault(name, dist) == dist, f"{name} changed its range"
-    assert {"n_plateaus", "plateau_1_len", "plateau_1_rank"} <= set(distributions)
+    assert {"n_plateaus_draw", "plateau_1_len", "plateau_1_rank"} <= set(distributions)
 
 
 def test_search_spaces_import_no_torch():
@@ -204,3 +204,18 @@ def test_search_spaces_import_no_torch():
             "assert 'torch' not in sys.modules, 'search_spaces must not import torch'")
     root = Path(__file__).resolve().parents[1]
     subprocess.run([sys.executable, "-c", code], cwd=root, check=True)
+
+
+def test_a_uniform_draw_proposes_the_baseline_as_one_member_among_all():
+    """The plateau count is drawn in proportion to its members: the baseline (no plateau) is 1 of 129 draws, not
+    1 of max_plateaus + 1 = 4 (a random sampler used to propose it in a quarter of its trials)."""
+    space = PrismSpace(12, 96, 12)
+    resolution = space.draw_resolution()
+    counts = [0] * (space.max_plateaus + 1)
+    for draw in range(resolution):
+        counts[space.plateaus_of_draw(draw, resolution)] += 1
+    assert [c / resolution for c in counts] == pytest.approx([m / space.count() for m in space.members_by_plateaus],
+                                                             abs=1 / resolution)
+    assert counts[0] / resolution == pytest.approx(1 / 129, abs=1e-3)
+    for n in range(space.max_plateaus + 1):
+        assert space.plateaus_of_draw(space.draw_of_plateaus(n, resolution), resolution) == n

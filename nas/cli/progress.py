@@ -6,6 +6,7 @@ import sys
 import time
 from typing import TextIO
 
+from nas.study.config import display_url
 from nas.study.session import Search
 from nas.study.worker import TrialEvent
 
@@ -31,8 +32,11 @@ class Progress:
 
     def start(self, search: Search) -> None:
         c = search.config
-        mode = "exhaustive walk, then seed replicates" if search.exhaustive else f"{c.sampler or 'default'} sampler"
-        self.print(f"study {c.study_name!r} in {c.storage}: {c.space.space} space of {search.space.count()} shapes "
+        then = (f"then a race of the baseline and the {c.race_size} best" if c.replicates == "race"
+                else "then seed replicates")
+        mode = f"exhaustive walk, {then}" if search.exhaustive else f"{c.sampler or 'default'} sampler"
+        self.print(f"study {c.study_name!r} in {display_url(c.storage)}: {c.space.space} space of "
+                   f"{search.space.count()} shapes "
                    f"({mode}); preset {c.preset} ({search.train.tokens} tokens/trial, {search.train.device}); "
                    f"data {search.data.name} ({len(search.data.train)} train tokens); target {c.trials} trials")
 

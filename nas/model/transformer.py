@@ -78,8 +78,22 @@ class RotaryTable(nn.Module):
         return self.cos[:seq_len], self.sin[:seq_len]
 
 
+def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE in plain tensor ops (HF ``rotate_half`` pairing): (B, H, T, Dh) with half tables (T, rot/2)."""
+    half = cos.shape[-1]
+    x1, x2 = x[..., :half], x[..., half:2 * half]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, x[..., 2 * half:]], dim=-1)
+
+
 class Attention(nn.Module):
-    """Causal multi-head attention with this layer's own head count; parameters independent of it."""
+    """Causal multi-head attention with this layer's own head count; parameters independent of it.
+
+    ``reference_ops`` (``Transformer.use_reference_ops``): plain PyTorch ops only, RoPE as tensor
+    arithmetic and SDPA, for ``torch.compile``, which fuses them itself and cannot trace the CPU
+    kernels' ctypes calls.
+    """
+
+    reference_ops = False
 
     def __init__(self, d_model: int, n_heads: int, rotary: RotaryTable) -> None:
         super().__init__()
@@ -92,7 +106,12 @@ class Attention(nn.Module):
         """q (RoPE applied, times 1/sqrt(Dh)), k (RoPE applied), v: (B, H, T, Dh) each."""
         qkv = self.qkv(x)  # (B, T, 3d)
         cos, sin = self.rotary.table(x.shape[1], qkv.device, qkv.dtype)
-        return apply_function(RotaryQKV, qkv, cos, sin, self.n_heads, 1.0 / math.sqrt(self.head_dim))
+        scale = 1.0 / math.sqrt(self.head_dim)
+        if self.reference_ops:
+            B, T, _ = qkv.shape
+            q, k, v = qkv.view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, T, Dh)
+            return rope_reference(q, cos, sin) * scale, rope_reference(k, cos, sin), v
+        return apply_function(RotaryQKV, qkv, cos, sin, self.n_heads, scale)
 
     def forward(self, x: torch.Tensor, observe: ProbabilityObserver | None = None) -> torch.Tensor:
         """(B, T, D) -> (B, T, D). ``observe``, analysis only (no grad), is shown the attention probabilities."""
@@ -100,7 +119,7 @@ class Attention(nn.Module):
         if observe is not None and torch.is_grad_enabled():
             raise RuntimeError("attention observers are for analysis: call the model under torch.no_grad()")
         q, k, v = self._qkv(x)  # (B, H, T, Dh) each
-        if use_blocked_attention(x.device, B * self.n_heads, T, q.element_size()):
+        if not self.reference_ops and use_blocked_attention(x.device, B * self.n_heads, T, q.element_size()):
             flat = (B * self.n_heads, T, self.head_dim)
             if observe is None:
                 y = apply_function(BlockedCausalAttention, q.view(flat), k.view(flat), v.view(flat))  # (BH, T, Dh)
@@ -136,6 +155,8 @@ class Attention(nn.Module):
 class SwiGLU(nn.Module):
     """``W_down (silu(W_gate x) * W_up x)`` (Shazeer 2020), gate and up stacked in one weight."""
 
+    reference_ops = False  # plain PyTorch ops (see Attention)
+
     def __init__(self, d_model: int, hidden: int) -> None:
         super().__init__()
         self.gate_up = nn.Linear(d_model, 2 * hidden, bias=False)  # rows: W_gate, W_up
@@ -143,7 +164,7 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         hidden = self.down.in_features
-        if plain_cpu_fp32(x, self.gate_up.weight) and (
+        if not self.reference_ops and plain_cpu_fp32(x, self.gate_up.weight) and (
                 fused_cpu.usable(x) or x.numel() // x.shape[-1] * hidden >= GATED_UP_MIN_ELEMENTS):
             return self.down(apply_function(GatedUpProjection, x, self.gate_up.weight))
         gate, up = self.gate_up(x).chunk(2, dim=-1)  # (B, T, hidden) each
@@ -161,8 +182,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
+    reference_ops = False  # plain PyTorch ops (see Attention)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if plain_cpu_fp32(x, self.weight):
+        if not self.reference_ops and plain_cpu_fp32(x, self.weight):
             return apply_function(RMSNormFunction, x, self.weight, self.eps)
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
@@ -170,12 +193,12 @@ class RMSNorm(nn.Module):
 class Block(nn.Module):
     """One decoder layer: attention, then the FFN as K residual pre-norm SwiGLU sub-MLPs."""
 
-    def __init__(self, arch: ArchConfig, n_heads: int, rotary: RotaryTable) -> None:
+    def __init__(self, arch: ArchConfig, layer: int, n_heads: int, rotary: RotaryTable) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(arch.d_model, arch.norm_eps)
         self.attn = Attention(arch.d_model, n_heads, rotary)
         self.ffn_norms = nn.ModuleList(RMSNorm(arch.d_model, arch.norm_eps) for _ in range(arch.ffn.k))
-        self.ffns = nn.ModuleList(SwiGLU(arch.d_model, arch.ffn.hidden) for _ in range(arch.ffn.k))
+        self.ffns = nn.ModuleList(SwiGLU(arch.d_model, arch.sub_mlp_hidden(layer, i)) for i in range(arch.ffn.k))
 
     def forward(self, x: torch.Tensor, observe: ProbabilityObserver | None = None) -> torch.Tensor:
         return self.feed_forward(x + self.attn(self.attn_norm(x), observe))
@@ -207,12 +230,21 @@ class Transformer(nn.Module):
         self.embed = nn.Embedding(arch.vocab_size, arch.d_model)
         rotaries = {dim: RotaryTable(dim, arch.rope_theta) for dim in sorted(set(arch.head_dims()))}
         self.rotaries = nn.ModuleList(rotaries.values())  # shared per head dim, buffers only
-        self.blocks = nn.ModuleList(Block(arch, h, rotaries[arch.d_model // h]) for h in arch.heads)
+        self.blocks = nn.ModuleList(Block(arch, layer, h, rotaries[arch.d_model // h])
+                                    for layer, h in enumerate(arch.heads))
         self.norm = RMSNorm(arch.d_model, arch.norm_eps)
         self.lm_head = nn.Linear(arch.d_model, arch.vocab_size, bias=False)
         if arch.tie_embeddings:
             self.lm_head.weight = self.embed.weight
         self.reset_parameters()
+
+    def use_reference_ops(self, flag: bool = True) -> Transformer:
+        """Plain PyTorch ops in every layer (no custom autograd functions, no C kernels): what ``torch.compile``
+        traces and fuses. Same function, equal up to float rounding (tests check)."""
+        for module in self.modules():
+            if hasattr(type(module), "reference_ops"):
+                module.reference_ops = flag
+        return self
 
     @torch.no_grad()
     def reset_parameters(self) -> None:

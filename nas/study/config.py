@@ -6,6 +6,7 @@ worker modules load torch (about 4 s), and a usage error should not wait for it.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,8 +15,15 @@ from runners.presets import DEFAULT_PRESET, get_preset
 from search_spaces.factory import SpaceOptions, build_space
 
 DEFAULT_STORAGE = "sqlite:///nas.db"  # SQLite in the working directory: embedded, readable by optuna-dashboard
+_PASSWORD = re.compile(r"(://[^:/@\s]*:)([^@/\s]*)(@)")  # scheme://user:PASSWORD@host
+
+
+def display_url(url: str) -> str:
+    """A storage URL safe to print, log or write down: its password replaced by ``***``."""
+    return _PASSWORD.sub(r"\1***\3", str(url))
 SAMPLERS = ("tpe", "random", "grid", "gp", "nsga2")
-PRUNERS = ("median", "hyperband", "none")
+REPLICATES = ("race", "fixed")
+PRUNERS = ("auto", "median", "hyperband", "none")
 OBJECTIVES = {"loss": "minimize", "params": "minimize", "tokens_per_s": "maximize"}
 
 
@@ -31,18 +39,29 @@ class SearchConfig:
     study_name: str | None = None
     trials: int = 200
     sampler: str | None = None  # None: tpe (single objective) or nsga2 (several)
-    pruner: str = "median"
+    # auto: none on an exhaustive walk (its early pruning points rank members poorly: benchmarks figure 11),
+    # median when a sampler proposes
+    pruner: str = "auto"
     objectives: tuple[str, ...] = ("loss",)
     workers: int = 1
-    replicate_top: int = 4  # shapes besides the baseline that get seed replicates after an exhaustive walk
+    replicates: str = "race"  # after an exhaustive walk: race (racing replicates) or fixed (replicate_top's seeds)
+    race_size: int = 8  # race: the first pass's best shapes that race the baseline
+    replicate_top: int = 4  # fixed: shapes besides the baseline that get seed replicates after an exhaustive walk
     heartbeat_interval: int = 10
     cache_dir: str | None = None
 
     def validate(self) -> None:
-        if self.trials < 1:
-            raise UsageError(f"--trials {self.trials} is invalid: give at least 1")
-        if self.workers < 1:
-            raise UsageError(f"--workers {self.workers} is invalid: give at least 1")
+        bounds = (("--trials", self.trials, 10**7), ("--workers", self.workers, 256),
+                  ("--heartbeat", self.heartbeat_interval, 86_400), ("--race-size", self.race_size, 10_000),
+                  ("--replicate-top", self.replicate_top, 10_000))
+        for flag, value, maximum in bounds:
+            if value < 1:
+                raise UsageError(f"{flag} {value} is invalid: give at least 1")
+            if value > maximum:
+                raise UsageError(f"{flag} {value:,} is too large: at most {maximum:,}")
+        name = self.study_name
+        if name is not None and (len(name) > 512 or any(ord(c) < 32 or ord(c) == 127 for c in name)):
+            raise UsageError(f"--study-name {name[:40]!r} is invalid: give at most 512 printable characters")
         if self.sampler is not None and self.sampler not in SAMPLERS:
             raise UsageError(f"unknown sampler {self.sampler!r}; choose {', '.join(SAMPLERS)}")
         if self.pruner not in PRUNERS:
@@ -54,8 +73,8 @@ class SearchConfig:
                              "loss,tokens_per_s")
         if self.sampler == "gp" and len(self.objectives) > 1:
             raise UsageError("--sampler gp takes a single objective; use nsga2 or tpe for several")
-        if self.heartbeat_interval < 1:
-            raise UsageError(f"--heartbeat {self.heartbeat_interval} is invalid: give at least 1 second")
+        if self.replicates not in REPLICATES:
+            raise UsageError(f"unknown replicates policy {self.replicates!r}; choose race or fixed")
 
 
 def precheck(config: SearchConfig) -> None:
@@ -66,6 +85,10 @@ def precheck(config: SearchConfig) -> None:
     """
     config.validate()
     preset = get_preset(config.preset)
-    preset.train.with_(**dict(config.train_overrides))
+    train = preset.train.with_(**dict(config.train_overrides))
+    if train.device not in ("auto", "cpu"):  # is that device here? (torch, but only when a device is named)
+        from runners.device import resolve_device
+
+        resolve_device(train.device)
     if config.data == "builtin":
         build_space(config.space, defaults=preset.baseline.replace(vocab_size=256))

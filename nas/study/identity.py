@@ -17,7 +17,7 @@ import optuna
 
 from nas.data import TokenData
 from nas.errors import UsageError
-from nas.study.config import SearchConfig
+from nas.study.config import SearchConfig, display_url
 from runners.config import TrainConfig
 from runners.device import available_cores
 from runners.presets import get_preset
@@ -94,5 +94,5 @@ def check_identity(study: optuna.Study, ident: dict[str, Any], config: SearchCon
     stored = study.user_attrs["nas:identity"]
     if stored != ident:
         differ = sorted(k for k in set(stored) | set(ident) if stored.get(k) != ident.get(k))
-        raise UsageError(f"study {config.study_name!r} in {config.storage} was created with other "
+        raise UsageError(f"study {config.study_name!r} in {display_url(config.storage)} was created with other "
                          f"{', '.join(differ)} settings; re-run with those or choose a new --study-name")

@@ -1,9 +1,26 @@
-"""Planning the next trial of a small space: the exhaustive walk, then seed replicates.
+"""Planning the next trial of a small space: the exhaustive walk, then a race (or fixed seed replicates).
 
-A space with no more members than ``--trials`` is walked exhaustively, in its order; once
-every member is trained, the remaining trials are seed replicates of the baseline and the
-``replicate_top`` best shapes (by mean loss), least-replicated first. ``None`` lets the
-sampler propose instead.
+A space with no more members than ``--trials`` is walked exhaustively, in its order, on the base
+seed (the first pass). The remaining trials go, by default, to a **race** (``--replicates race``;
+as irace and F-race race algorithm configurations):
+
+- the candidates are the baseline and the ``race_size`` best members of the first pass;
+- round ``r`` gives every candidate still in the race the seed ``base + r`` (the same seed for
+  all: same data order, and for Prism members the same initial weights), so they compare on
+  common seeds; the first-pass seed, which selected them, takes no part in the race;
+- after each result, a candidate is dropped when a one-sided paired t-test on common race seeds
+  says it is worse than the current leader (the best mean over race seeds), with Holm's
+  correction over the candidates tested (``reports.statistics``; a pair with one common seed
+  borrows the pooled paired sd of the others);
+- the race ends when one candidate is left (significantly best); the remaining trials then go
+  to fresh seeds of it and of the baseline (role ``confirm``), for the gain's interval.
+
+The plan is recomputed from the storage at every call, so any number of workers on any
+number of machines share one race: a (shape, seed) in flight or done is never planned again,
+and a worker whose round is taken by others goes on to the next round instead of waiting.
+``--replicates fixed`` keeps the earlier policy: seeds for the baseline and the
+``replicate_top`` best shapes by mean loss, least-replicated first. ``None`` lets the sampler
+propose instead (spaces larger than ``--trials``).
 """
 
 from __future__ import annotations
@@ -13,6 +30,7 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
+from nas.study.race import RaceState, first_pass_candidates, race_state
 from nas.study.records import arch_of, counts, in_flight, key_seed, scores_by_shape
 from nas.study.session import Search
 
@@ -34,15 +52,47 @@ def visited(trials: list[FrozenTrial]) -> set[tuple[str, int]]:
 
 
 def plan_next(search: Search, trials: list[FrozenTrial]) -> Plan | None:
-    """The next exhaustive member or replicate to enqueue; None lets the sampler propose."""
+    """The next exhaustive member, race or replicate trial to run; None lets the sampler propose."""
     if not search.exhaustive:
         return None
     seed = search.train.seed
     seen = visited(trials)
-    for arch in search.space:
+    for arch in search.members():
         if (arch.key(), seed) not in seen:
             return Plan(search.space.params_of(arch), {"key": arch.key(), "seed": seed, "role": "member"})
-    return plan_replicate(search, trials, seen)
+    if search.config.replicates == "fixed":
+        return plan_replicate(search, trials, seen)
+    return plan_race(search, trials, seen)
+
+
+def current_race(search: Search, trials: list[FrozenTrial]) -> RaceState:
+    """The race as the stored trials have it now."""
+    scores = scores_by_shape(trials)
+    candidates = first_pass_candidates(scores, search.baseline.key(), search.train.seed, search.config.race_size)
+    return race_state(scores, candidates, search.train.seed)
+
+
+def plan_race(search: Search, trials: list[FrozenTrial], seen: set[tuple[str, int]]) -> Plan:
+    """The next race (or, once it is won, confirmation) trial: the lowest round with a free slot."""
+    state = current_race(search, trials)
+    runners, role = state.alive, "race"
+    if state.finished:  # the winner and the baseline (or, when the baseline won, its runner-up) get fresh seeds
+        role, baseline = "confirm", search.baseline.key()
+        other = state.alive[0] if state.alive[0] != baseline else state.runner_up
+        runners = tuple(key for key in (other, baseline) if key is not None)
+    base = search.train.seed
+    for round_ in range(1, 10**6):
+        for key in runners:
+            if (key, base + round_) not in seen:
+                return Plan(search.space.params_of(_arch(search, trials, key)),
+                            {"key": key, "seed": base + round_, "role": role})
+    raise AssertionError("unreachable: a round always has a free slot")
+
+
+def _arch(search: Search, trials: list[FrozenTrial], key: str):
+    if key == search.baseline.key():
+        return search.baseline
+    return next(arch_of(t) for t in trials if t.user_attrs.get("key") == key and t.user_attrs.get("arch"))
 
 
 def plan_replicate(search: Search, trials: list[FrozenTrial], seen: set[tuple[str, int]]) -> Plan:
