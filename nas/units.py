@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from nas.errors import UsageError
@@ -12,6 +13,8 @@ _PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmbgt]?)\s*$", re.
 
 def parse_size(text: str | int, what: str = "size") -> int:
     """``"113M" -> 113_000_000``; ``"1.2B" -> 1_200_000_000``; plain integers pass through."""
+    if isinstance(text, bool):
+        raise UsageError(f"{what} {text!r} is not a size")
     if isinstance(text, int):
         value = text
     else:
@@ -20,7 +23,10 @@ def parse_size(text: str | int, what: str = "size") -> int:
             raise UsageError(
                 f"{what} {text!r} is not a size: use an integer or a number with k, M or B (e.g. 500k, 113M, 1.2B)"
             )
-        value = round(float(match.group(1)) * _SUFFIX[match.group(2).lower()])
+        number = float(match.group(1)) * _SUFFIX[match.group(2).lower()]
+        if not math.isfinite(number) or number > 10**15:
+            raise UsageError(f"{what} {text!r} is too large: at most 1000T")
+        value = round(number)
     if value <= 0:
         raise UsageError(f"{what} {text!r} must be positive")
     return value

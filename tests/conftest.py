@@ -9,7 +9,8 @@ import shutil
 import socket
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -54,10 +55,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@dataclass
+class PostgresServer:
+    """A running throw-away server: its URL (no database) and a restart for fault tests."""
+
+    url: str
+    restart: Callable[[], None]
+
+
 @pytest.fixture(scope="session")
-def postgres_server() -> Iterator[str]:
-    """A throw-away PostgreSQL server on a temp dir and a loopback port (run as ``postgres`` when we are root);
-    its URL without a database."""
+def postgres_control() -> Iterator[PostgresServer]:
+    """A throw-away PostgreSQL server on a temp dir and a loopback port (run as ``postgres`` when we are root)."""
     bindir = _postgres_bin()
     if bindir is None:
         pytest.skip("PostgreSQL server binaries not found (no initdb on PATH or in /usr/lib/postgresql/*/bin)")
@@ -72,14 +80,25 @@ def postgres_server() -> Iterator[str]:
     def pg(tool: str, *args: str) -> None:
         subprocess.run([*as_user, str(bindir / tool), *args], check=True, capture_output=True, timeout=120)
 
+    options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=50"
     pg("initdb", "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
-    pg("pg_ctl", "-D", str(data), "-l", str(root / "server.log"), "-w", "-t", "60", "start", "-o",
-       f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=50")
+    pg("pg_ctl", "-D", str(data), "-l", str(root / "server.log"), "-w", "-t", "60", "start", "-o", options)
+
+    def restart() -> None:  # fast: every open connection is terminated, as when a server restarts for real
+        pg("pg_ctl", "-D", str(data), "-l", str(root / "server.log"), "-w", "-t", "60", "-m", "fast", "restart",
+           "-o", options)
+
     try:
-        yield f"postgresql://postgres@127.0.0.1:{port}"
+        yield PostgresServer(f"postgresql://postgres@127.0.0.1:{port}", restart)
     finally:
         pg("pg_ctl", "-D", str(data), "-m", "immediate", "stop")
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres_server(postgres_control: PostgresServer) -> str:
+    """The throw-away server's URL without a database."""
+    return postgres_control.url
 
 
 @pytest.fixture

@@ -99,7 +99,10 @@ def assert_no_repeated_work(trials: list[FrozenTrial], target: int) -> None:
     repeated = [ks for ks, n in Counter(key_seed(t) for t in done).items() if n > 1]
     assert not repeated, f"(shape, seed) trained twice: {repeated}"
     for t in done:
-        assert t.user_attrs.get("eval_curve"), f"trial {t.number} lost its result"
+        # its result (the evaluation curve is empty when a run failed before its first evaluation)
+        assert "status" in t.user_attrs and "eval_curve" in t.user_attrs, f"trial {t.number} lost its result"
+        if t.user_attrs["status"] in ("ok", "pruned"):
+            assert t.user_attrs["eval_curve"], f"trial {t.number} lost its evaluations"
         if t.state == TrialState.COMPLETE:
             assert t.values and t.values[0] == t.user_attrs["val_loss"], f"trial {t.number} lost its value"
     assert not [t.number for t in trials if t.state == TrialState.RUNNING], "a trial was left RUNNING"

@@ -7,9 +7,9 @@ from typing import Annotated, Any
 import typer
 
 from nas.cli.app import app
-from nas.cli.options import Dtype, Pruner, Sampler, StorageOpt, StudyOpt, plain
+from nas.cli.options import Dtype, Pruner, Replicates, Sampler, StorageOpt, StudyOpt, plain
 from nas.cli.space import with_space_options
-from nas.study.config import DEFAULT_STORAGE
+from nas.study.config import DEFAULT_STORAGE, display_url
 from search_spaces.factory import SpaceOptions
 
 
@@ -38,7 +38,8 @@ def search(
     study_name: StudyOpt = None,
     sampler: Annotated[Sampler | None, typer.Option("--sampler", help="Proposal sampler (default tpe; nsga2 "
                                                        "with several objectives).", show_default=False)] = None,
-    pruner: Annotated[Pruner, typer.Option("--pruner", help="Pruner of unpromising trials.")] = Pruner.median,
+    pruner: Annotated[Pruner, typer.Option("--pruner", help="Pruner of unpromising trials (auto: none on an "
+                                           "exhaustive walk, median when sampling).")] = Pruner.auto,
     objectives: Annotated[str, typer.Option("--objectives", help="loss, loss,params or loss,tokens_per_s.")] = "loss",
     workers: Annotated[int, typer.Option("--workers", help="Worker processes on this machine.")] = 1,
     threads: Annotated[int | None, typer.Option("--threads", help="Torch threads per worker (default: the "
@@ -61,8 +62,14 @@ def search(
                                                    show_default=False)] = None,
     compile: Annotated[bool | None, typer.Option("--compile/--no-compile", help="torch.compile each trial.",
                                                     show_default=False)] = None,
-    replicate_top: Annotated[int, typer.Option("--replicate-top", help="After an exhaustive walk, seed "
-                                               "replicates go to the baseline and this many best shapes.")] = 4,
+    replicates: Annotated[Replicates, typer.Option("--replicates", help="After an exhaustive walk: race (the "
+                                                   "best shapes race the baseline on common seeds, the worse "
+                                                   "dropped) or fixed (seeds for --replicate-top shapes).")]
+    = Replicates.race,
+    race_size: Annotated[int, typer.Option("--race-size", help="race: how many of the first pass's best shapes "
+                                           "race the baseline.")] = 8,
+    replicate_top: Annotated[int, typer.Option("--replicate-top", help="fixed: seed replicates go to the "
+                                               "baseline and this many best shapes.")] = 4,
     heartbeat: Annotated[int, typer.Option("--heartbeat", help="Seconds between trial heartbeats; a trial "
                                            "silent for 3x this is failed and re-queued.")] = 10,
 ) -> None:
@@ -73,12 +80,14 @@ def search(
         space=opts, preset=preset, data=data, storage=storage, study_name=study_name, trials=trials,
         sampler=plain(sampler), pruner=plain(pruner),
         objectives=tuple(o.strip() for o in objectives.split(",") if o.strip()),
-        workers=workers, replicate_top=replicate_top, heartbeat_interval=heartbeat,
+        workers=workers, replicates=plain(replicates), race_size=race_size, replicate_top=replicate_top,
+        heartbeat_interval=heartbeat,
         train_overrides=_train_overrides(tokens=tokens, seq_len=seq_len, batch_size=batch_size, lr=lr,
                                          seed=seed, device=device, dtype=dtype, compile=compile, threads=threads))
     precheck(config)  # before torch is imported: a mistyped option is reported at once
     from nas.cli.progress import Progress
     from nas.study.parallel import interruptible, run_search
+    from nas.study.storage_faults import first_line, storage_failure
     from nas.study.worker import SearchAborted, trials_done
 
     interruptible()
@@ -88,13 +97,20 @@ def search(
     except SearchAborted as error:
         typer.echo(f"error: search stopped: {error}", err=True)
         raise typer.Exit(1) from None
+    except Exception as error:
+        failure = storage_failure(error)
+        if failure is None:
+            raise
+        typer.echo(f"error: search stopped: storage {display_url(storage)!r} failed: {first_line(failure)}; "
+                   "run the same command to resume once the cause is fixed", err=True)
+        raise typer.Exit(1) from None
     except KeyboardInterrupt:
         typer.echo("interrupted: the running trial is marked and re-queued; re-run the same command to resume",
                    err=True)
         raise typer.Exit(130) from None
     for note in result.notes:
         typer.echo(f"warning: {note}", err=True)
-    name = result.config.study_name
+    name, shown = result.config.study_name, display_url(storage)
     typer.echo(f"done: study {name!r} holds {trials_done(result.study)} trained trials. "
-               f"Next: nas best --study-name {name} --storage {storage}; "
-               f"nas report --study-name {name} --storage {storage} -o report.html", err=True)
+               f"Next: nas best --study-name {name} --storage {shown}; "
+               f"nas report --study-name {name} --storage {shown} -o report.html", err=True)

@@ -72,6 +72,11 @@ RatioToleranceOpt = Annotated[str | None, typer.Option("--ratio-tolerance", help
 FixOpt = Annotated[Fix | None, typer.Option("--fix", help=f"{_H}: 'attention' keeps the baseline's d_model and L, "
                                                "varying only K (d_h follows from the budget).", show_default=False)]
 
+HiddenMultipleOpt = Annotated[int | None, typer.Option("--hidden-multiple", help=f"{_H}: keep d_h a multiple of "
+                                                        "this (64 for GPU presets: tile-aligned matmuls, coarser "
+                                                        "budgets; raise --tolerance); default exact budgets.",
+                                                        show_default=False)]
+
 # name -> (annotation, default): the signature ``with_space_options`` adds to a command
 SPACE_PARAMETERS: dict[str, tuple[Any, Any]] = {
     "space": (SpaceOpt, Space.prism), "layers": (LayersOpt, None), "d_model": (DModelOpt, None),
@@ -80,7 +85,7 @@ SPACE_PARAMETERS: dict[str, tuple[Any, Any]] = {
     "min_baseline": (MinBaselineOpt, None), "hw_aligned": (HWAlignedOpt, False), "min_head_dim": (MinHeadDimOpt, None),
     "budget": (BudgetOpt, None), "k_values": (KValuesOpt, None), "layer_values": (LayerValuesOpt, None),
     "ratio_values": (RatioValuesOpt, None), "head_dim": (HeadDimOpt, None), "tolerance": (ToleranceOpt, None),
-    "ratio_tolerance": (RatioToleranceOpt, None), "fix": (FixOpt, None),
+    "ratio_tolerance": (RatioToleranceOpt, None), "fix": (FixOpt, None), "hidden_multiple": (HiddenMultipleOpt, None),
 }
 assert tuple(SPACE_PARAMETERS) == OPTION_NAMES, "every SpaceOptions field needs a CLI option"
 
@@ -88,8 +93,12 @@ assert tuple(SPACE_PARAMETERS) == OPTION_NAMES, "every SpaceOptions field needs 
 def _parse_list(text: str | None, flag: str, kind: type) -> tuple[Any, ...] | None:
     if text is None:
         return None
+    items = text.replace(" ", "").split(",")
+    if text.strip() and not all(items):
+        raise UsageError(f"{flag} {text!r} has an empty item: give comma-separated values (e.g. "
+                         f"{'1,2,4' if kind is int else '0.2,0.4'})")
     try:
-        values = tuple(kind(item) for item in text.replace(" ", "").split(",") if item)
+        values = tuple(kind(item) for item in items if item)
     except ValueError:
         example = "1,2,4" if kind is int else "0.2,0.4"
         raise UsageError(f"{flag} {text!r} is not a comma-separated list of {kind.__name__}s "

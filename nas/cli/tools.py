@@ -11,7 +11,9 @@ import nas
 from nas.cli.app import app
 from nas.cli.options import StorageOpt, choices
 from nas.errors import UsageError
-from nas.study.config import DEFAULT_STORAGE
+from nas.study.config import DEFAULT_STORAGE, display_url
+
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")  # the dashboard listens on this machine only
 
 BenchDevice = choices("BenchDevice", ("cpu", "cuda"))
 
@@ -53,7 +55,11 @@ def dashboard(
     if not 0 < port < 65536:
         raise UsageError(f"--port {port} is invalid: use 1-65535")
     store = make_storage(storage)
-    typer.echo(f"optuna-dashboard for {storage} on http://{host}:{port}/ (Ctrl-C stops)", err=True)
+    typer.echo(f"optuna-dashboard for {display_url(storage)} on http://{host}:{port}/ (Ctrl-C stops)", err=True)
+    if host not in LOCAL_HOSTS:
+        typer.echo(f"warning: --host {host} makes the dashboard reachable from other machines; it has no login, and "
+                   "whoever reaches port {port} can read and edit every study in this storage".replace(
+                       "{port}", str(port)), err=True)
     run_server(store, host=host, port=port)
 
 

@@ -22,6 +22,7 @@ from nas.study.config import SearchConfig
 from nas.study.session import Search, open_search
 from nas.study.trial import POLL_S
 from nas.study.worker import SearchAborted, TrialEvent, run_worker, trials_done
+from runners.distributed import die_with_parent
 
 
 def interruptible() -> None:
@@ -76,6 +77,12 @@ def _wait_for_workers(processes: list, queue: Any, timeout: float | None = None)
 
 
 def _worker_main(config: SearchConfig, worker: int, queue: Any) -> None:
+    # a worker outliving a SIGKILLed parent would hold its trial with live heartbeats (never found stale)
+    # while nothing reads its events: it dies with the parent, and its trial is retried like any killed one
+    die_with_parent()
+    parent = multiprocessing.parent_process()
+    if parent is not None and os.getppid() != parent.pid:  # the parent died before the line above
+        os._exit(1)
     interruptible()
     try:
         search = open_search(config, worker=worker, create=False)

@@ -50,11 +50,12 @@ def requeue(study: optuna.Study, number: int) -> None:
     optuna.storages.RetryHeartbeatStaleTrialCallback()(study, replace_user_attrs(frozen, attrs))
 
 
-def mark_interrupted(study: optuna.Study, trial: optuna.Trial) -> None:
+def mark_interrupted(study: optuna.Study, trial: optuna.Trial,
+                     reason: str = "interrupted by the user (Ctrl-C); re-queued") -> None:
     """Fail the trial as interrupted and re-queue its shape and seed (a trial told just before Ctrl-C stays as told)."""
     try:
         trial.set_user_attr("status", "interrupted")
-        trial.set_user_attr("reason", "interrupted by the user (Ctrl-C); re-queued")
+        trial.set_user_attr("reason", reason)
         study.tell(trial, state=TrialState.FAIL)
     except optuna.exceptions.UpdateFinishedTrialError:
         return

@@ -31,7 +31,7 @@ from sqlalchemy.engine import make_url
 
 from nas.errors import UsageError
 from nas.study import optuna_internals
-from nas.study.config import DEFAULT_STORAGE
+from nas.study.config import DEFAULT_STORAGE, display_url
 
 SQLITE_BUSY_TIMEOUT_S = 600
 MAX_RETRIES = 3  # a shape whose worker dies this many times is left failed
@@ -43,10 +43,10 @@ def parse_url(url: str) -> sqlalchemy.URL:
     try:
         parsed = make_url(url)
     except Exception:  # noqa: BLE001 - sqlalchemy raises ArgumentError, ValueError...
-        raise UsageError(f"storage URL {url!r} is malformed: use e.g. sqlite:///nas.db or "
+        raise UsageError(f"storage URL {display_url(url)!r} is malformed: use e.g. sqlite:///nas.db or "
                          "postgresql://user:password@host:5432/db") from None
     if parsed.get_backend_name() == "sqlite" and not parsed.database:
-        raise UsageError(f"storage URL {url!r} names no file: use e.g. sqlite:///nas.db (in-memory SQLite "
+        raise UsageError(f"storage URL {display_url(url)!r} names no file: use e.g. sqlite:///nas.db (in-memory SQLite "
                          "cannot be shared between workers)")
     return parsed
 
@@ -94,7 +94,8 @@ def make_storage(url: str = DEFAULT_STORAGE, heartbeat_interval: int = 10,
         if read_only and not Path(parsed.database).is_file():
             raise UsageError(f"storage file {parsed.database!r} does not exist: nothing has been searched there "
                              "(nas search --storage ... creates it)")
-        _prepare_sqlite(parsed.database)
+        if not read_only:  # a reader leaves the file as it is (a search has made it WAL already)
+            _prepare_sqlite(parsed.database)
         # isolation_level None: sqlite3 emits no BEGIN of its own; _begin_immediately emits ours
         engine_kwargs["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_S, "isolation_level": None}
     else:
@@ -104,11 +105,14 @@ def make_storage(url: str = DEFAULT_STORAGE, heartbeat_interval: int = 10,
                                      heartbeat_interval, grace_period)
     except ImportError as error:  # Optuna re-raises the driver's ModuleNotFoundError as a bare ImportError
         missing = getattr(error.__cause__, "name", None) or error.name or "its database driver"
-        raise UsageError(f"storage URL {url!r} needs the Python package {missing!r}: "
+        raise UsageError(f"storage URL {display_url(url)!r} needs the Python package {missing!r}: "
                          "pip install 'prism-nas[postgres]' for PostgreSQL") from None
     except sqlalchemy.exc.DBAPIError as error:  # cannot connect, no permission...
         first = str(error.orig).strip().splitlines()[0] if error.orig else str(error).splitlines()[0]
-        raise UsageError(f"cannot open storage {url!r}: {first}") from None
+        password = parsed.password
+        if password:  # a driver may echo the connection string it was given
+            first = first.replace(str(password), "***")
+        raise UsageError(f"cannot open storage {display_url(url)!r}: {first}") from None
     if parsed.get_backend_name() == "sqlite":
         sqlalchemy.event.listen(storage.engine, "begin", _begin_deferred if read_only else _begin_immediately)
     return storage
@@ -182,9 +186,9 @@ def open_existing_study(url: str, study_name: str | None) -> tuple[optuna.Study,
              if not s.user_attrs.get("nas:rerun_of")]  # a study's full-scale re-runs live beside it
     if study_name is None:
         if len(names) != 1:
-            raise UsageError(f"give --study-name: {url} holds {len(names)} studies"
+            raise UsageError(f"give --study-name: {display_url(url)} holds {len(names)} studies"
                              + (f" ({', '.join(names)})" if names else ""))
         study_name = names[0]
     if study_name not in names:
-        raise UsageError(f"no study {study_name!r} in {url}; it holds: {', '.join(names) or 'none'}")
+        raise UsageError(f"no study {study_name!r} in {display_url(url)}; it holds: {', '.join(names) or 'none'}")
     return optuna.load_study(study_name=study_name, storage=storage), storage

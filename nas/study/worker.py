@@ -21,21 +21,19 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from nas.arch import ArchConfig
-from nas.errors import UsageError
+from nas.errors import SearchAborted, UsageError
 from nas.study.heartbeat import Heartbeat, TrialLost, warn_on_stderr
 from nas.study.optuna_internals import trial_id
 from nas.study.planning import plan_next
 from nas.study.records import counts, in_flight, scores_by_shape
 from nas.study.recovery import fail_abandoned, fail_stale, mark_interrupted, requeue
 from nas.study.session import Search
+from nas.study.storage_faults import storage_failure, wait_for_storage
 from nas.study.trial import POLL_S, run_trial
 from reports.dashboard_note import NoteRefresher
 
+LOST_CONNECTION = "the storage connection was lost while it ran; re-queued"
 MAX_ERROR_STREAK = 3  # trials in a row crashing with an error (not a result) stop the worker
-
-
-class SearchAborted(RuntimeError):
-    """The worker cannot go on (e.g. every trial crashes); the message says why."""
 
 
 @dataclass
@@ -76,60 +74,72 @@ def run_worker(search: Search, on_event: Callable[[TrialEvent], None] | None = N
     trained = duplicate_streak = error_streak = 0
     finished: tuple | None = None  # the last trial's outcome, told to ``on_event`` with the next read of the study
     while True:
-        fail_stale(study)
-        trials = study.get_trials(deepcopy=False)
-        if finished is not None and on_event is not None:
-            on_event(_event(search, trials, *finished))
-        finished = None
-        counted = sum(counts(t) for t in trials)
-        if counted >= target:
-            _refresh_note(note, study, force=True)
-            return trained
-        if counted + sum(in_flight(t) for t in trials) >= target:
-            fail_abandoned(study, search.storage, search.study_id)
-            time.sleep(POLL_S)  # the rest is running elsewhere; stay in case one of them fails
-            continue
-        plan = plan_next(search, trials)
-        trial = study.ask()  # a queued trial if there is one, else a fresh one that ``plan`` or a sampler fills
-        started = time.perf_counter()
-        state, loss, reason = "error", None, None
-        arch, seed, role = search.baseline, search.train.seed, "sampled"
-        with Heartbeat(search.storage, trial_id(trial), trial.number) as heartbeat:
-            try:
-                if _may_be_surplus(trials, trial.number, target) and _is_surplus(study, trial.number, target):
-                    # stand down, but stay: the others may still fail
-                    trial.set_user_attr("surplus", True)
-                    study.tell(trial, state=TrialState.FAIL)
-                    if "key" in trial.user_attrs:  # a queued trial (e.g. a re-queued one) goes back to the queue
-                        requeue(study, trial.number)
-                    continue
-                state, arch, seed, role, loss = run_trial(search, trial, heartbeat, plan, duplicate_streak, trials)
-            except TrialLost as lost:  # another worker failed it as stale and re-queued it: nothing to tell
-                state, reason = "stale", str(lost)
-            except KeyboardInterrupt:
-                mark_interrupted(study, trial)
-                raise
-            except UsageError:
-                study.tell(trial, state=TrialState.FAIL)
-                raise
-            except Exception as error:  # noqa: BLE001 - recorded, and the study goes on
-                reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:500]
+        trial: optuna.Trial | None = None
+        try:
+            fail_stale(study)
+            trials = study.get_trials(deepcopy=False)
+            if finished is not None and on_event is not None:
+                on_event(_event(search, trials, *finished))
+            finished = None
+            counted = sum(counts(t) for t in trials)
+            if counted >= target:
+                _refresh_note(note, study, force=True)
+                return trained
+            if counted + sum(in_flight(t) for t in trials) >= target:
+                fail_abandoned(study, search.storage, search.study_id)
+                time.sleep(POLL_S)  # the rest is running elsewhere; stay in case one of them fails
+                continue
+            plan = plan_next(search, trials)
+            trial = study.ask()  # a queued trial if there is one, else a fresh one that ``plan`` or a sampler fills
+            started = time.perf_counter()
+            state, loss, reason = "error", None, None
+            arch, seed, role = search.baseline, search.train.seed, "sampled"
+            with Heartbeat(search.storage, trial_id(trial), trial.number) as heartbeat:
                 try:
-                    trial.set_user_attr("status", "error")
-                    trial.set_user_attr("reason", reason)
+                    if _may_be_surplus(trials, trial.number, target) and _is_surplus(study, trial.number, target):
+                        # stand down, but stay: the others may still fail
+                        trial.set_user_attr("surplus", True)
+                        study.tell(trial, state=TrialState.FAIL)
+                        if "key" in trial.user_attrs:  # a queued trial (e.g. a re-queued one) goes back to the queue
+                            requeue(study, trial.number)
+                        continue
+                    state, arch, seed, role, loss = run_trial(search, trial, heartbeat, plan, duplicate_streak, trials)
+                except TrialLost as lost:  # another worker failed it as stale and re-queued it: nothing to tell
+                    state, reason = "stale", str(lost)
+                except KeyboardInterrupt:
+                    mark_interrupted(study, trial)
+                    raise
+                except UsageError:
                     study.tell(trial, state=TrialState.FAIL)
-                except optuna.exceptions.UpdateFinishedTrialError:  # this process starved, its heartbeat went
-                    state, reason = "stale", heartbeat.lost_reason()  # another worker failed and re-queued it
-        trained += state not in ("duplicate", "error", "stale")
-        if state not in ("duplicate", "error", "stale"):
-            _refresh_note(note, study)
-        duplicate_streak = duplicate_streak + 1 if state == "duplicate" else 0
-        error_streak = error_streak + 1 if state == "error" else 0
-        finished = (trial.number, role, arch, seed, state, loss, time.perf_counter() - started, reason)
-        if error_streak >= MAX_ERROR_STREAK:
-            if on_event is not None:
-                on_event(_event(search, study.get_trials(deepcopy=False), *finished))
-            raise SearchAborted(f"{MAX_ERROR_STREAK} trials in a row failed with an error; last: {reason}")
+                    raise
+                except Exception as error:
+                    if storage_failure(error) is not None:
+                        raise  # the storage, not the trial, failed: handled below
+                    reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:500]
+                    try:
+                        trial.set_user_attr("status", "error")
+                        trial.set_user_attr("reason", reason)
+                        study.tell(trial, state=TrialState.FAIL)
+                    except optuna.exceptions.UpdateFinishedTrialError:  # this process starved, its heartbeat went
+                        state, reason = "stale", heartbeat.lost_reason()  # another worker failed and re-queued it
+            trained += state not in ("duplicate", "error", "stale")
+            if state not in ("duplicate", "error", "stale"):
+                _refresh_note(note, study)
+            duplicate_streak = duplicate_streak + 1 if state == "duplicate" else 0
+            error_streak = error_streak + 1 if state == "error" else 0
+            finished = (trial.number, role, arch, seed, state, loss, time.perf_counter() - started, reason)
+            if error_streak >= MAX_ERROR_STREAK:
+                if on_event is not None:
+                    on_event(_event(search, study.get_trials(deepcopy=False), *finished))
+                raise SearchAborted(f"{MAX_ERROR_STREAK} trials in a row failed with an error; last: {reason}")
+        except Exception as error:
+            failure = storage_failure(error)
+            if failure is None:
+                raise
+            wait_for_storage(search.storage, search.config.storage, failure)  # or StorageUnavailable: one line
+            if trial is not None:  # what it held goes back to the queue with its shape and seed
+                mark_interrupted(study, trial, reason=LOST_CONNECTION)
+            finished = None
 
 
 def _refresh_note(note: NoteRefresher, study: optuna.Study, force: bool = False) -> None:

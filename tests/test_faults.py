@@ -1,0 +1,256 @@
+"""Faults during a search: SIGKILL at random points, a PostgreSQL restart, a full disk; nothing stored is lost.
+
+Every scenario ends with the same check (``assert_no_repeated_work``): the study holds exactly
+the requested trials, each with its result, none left RUNNING, no (shape, seed) counted twice.
+``KILLS`` counts the kills survived (the README quotes it).
+
+Kill points, injected by a wrapper that starts ``nas search`` in a fresh interpreter (nothing of
+this is in the tool itself): ``training`` (at a random intermediate evaluation), ``final
+evaluation`` (inside the last evaluation, before any result is written), ``result write`` (the
+transaction that stores a trial's result has run its statements and dies before its commit), and
+``anytime`` (a timer at a random moment, startup and storage reads included). With ``--workers
+2`` the whole process group, or one worker, is killed from outside at a random moment.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from optuna.trial import TrialState
+from search_helpers import (
+    SPACE3,
+    TINY,
+    assert_no_repeated_work,
+    load_trials,
+    nas_env,
+    on_cores,
+    run_nas,
+    sqlite_url,
+    start_nas,
+    stop,
+    wait_for,
+)
+
+pytestmark = pytest.mark.slow
+
+KILLS = {"survived": 0}
+POINTS = ("training", "final evaluation", "result write", "anytime")
+TRIALS = 8  # 3 members walked, then 5 race trials
+SEARCH = ["search", *SPACE3, *TINY, "--trials", str(TRIALS), "--heartbeat", "1", "--threads", "1"]
+
+FAULTY_NAS = r"""
+import os, random, signal, sys, threading
+
+rng = random.Random(int(os.environ["NAS_FAULT_SEED"]))
+point = os.environ["NAS_FAULT_POINT"]
+
+
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def nth_call(module, name, n, before=None):
+    original, calls = getattr(module, name), [0]
+
+    def wrapper(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == n and (before is None or before(*args, **kwargs)):
+            die()
+        return original(*args, **kwargs)
+
+    setattr(module, name, wrapper)
+
+
+if point == "training":
+    import runners.proxy
+    nth_call(runners.proxy, "evaluate", rng.randint(1, 6))
+elif point == "final evaluation":
+    import runners.proxy
+    nth_call(runners.proxy, "final_evaluation", rng.randint(1, 2))
+elif point == "result write":
+    import sqlalchemy.orm
+    import nas.study.optuna_internals as internals
+    armed, target = [0], rng.randint(1, 2)
+    original_write, original_commit = internals.write_user_attrs, sqlalchemy.orm.Session.commit
+
+    def write(storage, trial_id, attrs):
+        if "val_loss" in attrs:
+            armed[0] += 1
+        return original_write(storage, trial_id, attrs)
+
+    def commit(self):
+        if armed[0] == target:  # the result's upsert has run in this transaction; die before it commits
+            die()
+        return original_commit(self)
+
+    internals.write_user_attrs = write
+    sqlalchemy.orm.Session.commit = commit
+else:
+    threading.Timer(rng.uniform(1.0, 6.0), die).start()
+
+from nas.cli import app
+sys.argv = ["nas", *sys.argv[1:]]
+app()
+"""
+
+
+def faulty_search(args: list[str], cwd: Path, point: str, seed: int) -> subprocess.CompletedProcess[str]:
+    env = {**nas_env(), "NAS_FAULT_POINT": point, "NAS_FAULT_SEED": str(seed)}
+    return subprocess.run([sys.executable, "-c", FAULTY_NAS, *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300, preexec_fn=on_cores((0,)))
+
+
+def assert_clean_finish(proc: subprocess.CompletedProcess[str]) -> None:
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "database is locked" not in proc.stderr, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("first_point", range(len(POINTS)), ids=POINTS)
+def test_a_search_killed_again_and_again_at_random_points_resumes_to_exactly_the_requested_trials(
+        tmp_path, first_point):
+    """Each study is killed up to six times, at the four points in turn, then resumed to the end."""
+    storage = sqlite_url(tmp_path / "faults.db")
+    args = [*SEARCH, "--storage", storage, "--study-name", "faults"]
+    rng = random.Random(first_point)
+    kills = 0
+    for attempt in range(6):
+        point = POINTS[(first_point + attempt) % len(POINTS)]
+        proc = faulty_search(args, tmp_path, point, rng.randrange(2**31))
+        if proc.returncode == -signal.SIGKILL:
+            kills += 1
+            continue
+        assert_clean_finish(proc)  # the fault point was not reached: the search finished
+        break
+    else:
+        assert_clean_finish(run_nas(*args, cwd=tmp_path))  # the same command, no fault
+    assert kills >= 3, "the faults seldom struck: the test tests little"
+    KILLS["survived"] += kills
+    trials = load_trials(storage, "faults")
+    assert_no_repeated_work(trials, TRIALS)
+    assert not [t.number for t in trials if t.state == TrialState.WAITING]
+    assert sqlite3.connect(tmp_path / "faults.db").execute("PRAGMA integrity_check").fetchone() == ("ok",)
+
+
+def worker_pids(parent: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{parent}/task/{parent}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def test_two_workers_killed_at_random_moments_resume_to_exactly_the_requested_trials(tmp_path):
+    """The whole group, or one worker, SIGKILLed from outside at a random moment, four times; then resumed."""
+    storage = sqlite_url(tmp_path / "two.db")
+    args = [*SEARCH, "--trials", "8", "--workers", "2", "--storage", storage, "--study-name", "two"]
+    rng = random.Random(7)
+    kills = 0
+    for attempt in range(4):
+        log = tmp_path / f"attempt{attempt}.log"
+        process = start_nas(*args, cwd=tmp_path, log=log, cores=None)
+        time.sleep(rng.uniform(3.0, 9.0))
+        if process.poll() is not None:
+            break  # finished before the kill
+        children = worker_pids(process.pid)
+        if attempt % 2 and children:  # one worker: the others finish or report it, the parent exits
+            os.kill(rng.choice(children), signal.SIGKILL)
+            process.wait(timeout=300)
+        else:  # the parent: its workers die with it
+            stop(process, signal.SIGKILL)
+            wait_for(lambda pids=children: not any(Path(f"/proc/{c}").exists() for c in pids), 30, "the workers to die")
+        kills += 1
+    assert kills >= 2
+    KILLS["survived"] += kills
+    proc = run_nas(*args, cwd=tmp_path, cores=None, timeout=600)
+    assert_clean_finish(proc)
+    assert_no_repeated_work(load_trials(storage, "two"), 8)
+
+
+LONG_TRIALS = ["--tokens", "32k"]  # 32 evaluations: a trial lasts seconds, long enough to restart a server under it
+
+
+def test_a_postgresql_restart_under_a_running_search_is_waited_out_and_loses_nothing(tmp_path, postgres_control,
+                                                                                    postgres_url):
+    args = [*SEARCH, "--trials", "4", *LONG_TRIALS, "--storage", postgres_url, "--study-name", "restart"]
+    log = tmp_path / "search.log"
+    process = start_nas(*args, cwd=tmp_path, log=log)
+    try:
+        def mid_trial():
+            return any(t.state == TrialState.RUNNING and t.number >= 1 and len(t.intermediate_values) >= 2
+                       for t in load_trials(postgres_url, "restart"))
+
+        wait_for(mid_trial, 240, "a trial in training", process=process, log=log)
+        postgres_control.restart()  # every connection of the search is terminated
+        process.wait(timeout=600)
+    finally:
+        stop(process)
+    output = log.read_text()
+    assert process.returncode == 0, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    assert "lost the connection to storage" in output and "is back" in output, output[-3000:]
+    trials = load_trials(postgres_url, "restart")
+    assert_no_repeated_work(trials, 4)
+    interrupted = [t for t in trials if t.user_attrs.get("status") == "interrupted"]
+    assert all("storage connection was lost" in t.user_attrs["reason"] for t in interrupted)
+
+
+def mount_tmpfs(path: Path, size: str) -> bool:
+    path.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)
+    return done.returncode == 0
+
+
+def fill(folder: Path) -> Path:
+    """Write a file until the file system is full."""
+    filler = folder / "filler"
+    with open(filler, "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+    return filler
+
+
+def test_a_full_disk_stops_the_search_with_one_line_and_it_resumes_when_space_is_back(tmp_path):
+    disk = tmp_path / "disk"
+    if os.geteuid() != 0 or not mount_tmpfs(disk, "4m"):
+        pytest.skip("cannot mount a small tmpfs here (needs root and mount permission)")
+    try:
+        storage = sqlite_url(disk / "full.db")
+        args = [*SEARCH, "--trials", "8", "--storage", storage, "--study-name", "full"]
+        log = tmp_path / "search.log"
+        process = start_nas(*args, cwd=tmp_path, log=log)
+        try:
+            wait_for(lambda: sum(t.state == TrialState.COMPLETE for t in load_trials(storage, "full")) >= 2, 240,
+                     "two complete trials", process=process, log=log)
+            filler = fill(disk)
+            process.wait(timeout=300)
+        finally:
+            stop(process)
+        output = log.read_text()
+        assert process.returncode == 1, output[-3000:]
+        errors = [line for line in output.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and str(disk / "full.db") in errors[0] and "full" in errors[0], output[-3000:]
+        assert "Traceback" not in output
+        assert sqlite3.connect(disk / "full.db").execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        assert sum(t.state == TrialState.COMPLETE for t in load_trials(storage, "full")) >= 2  # nothing lost
+        filler.unlink()  # space is back: the same command resumes
+        assert_clean_finish(run_nas(*args, cwd=tmp_path))
+        assert_no_repeated_work(load_trials(storage, "full"), 8)
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def test_at_least_twenty_kills_were_survived():
+    """Runs after the kill tests of this module (pytest keeps file order): the figure the README quotes."""
+    print(f"\nkills survived: {KILLS['survived']}")
+    assert KILLS["survived"] >= 20, KILLS
