@@ -131,7 +131,7 @@ def test_a_search_killed_again_and_again_at_random_points_resumes_to_exactly_the
         break
     else:
         assert_clean_finish(run_nas(*args, cwd=tmp_path))  # the same command, no fault
-    assert kills >= 3, "the faults seldom struck: the test tests little"
+    assert kills >= 2, "the faults seldom struck: the test tests little"  # the module asks for 20 in all
     KILLS["survived"] += kills
     trials = load_trials(storage, "faults")
     assert_no_repeated_work(trials, TRIALS)

@@ -135,7 +135,7 @@ SEARCH_OPTIONS = {
     "--replicate-top": bad_count(), "--preset": bad_choice(),
     "--storage": st.sampled_from(["not a url", "sqlite://", "sqlite:////no/such/folder/x.db", "mysql://u@h/d",
                                   "☃://x", "postgresql://user:pw@127.0.0.1:1/db"]),
-    "--study-name": st.sampled_from(["x" * 600, "bad\x00name", "tab\tname", "\x1b[31mred"]),
+    "--study-name": st.sampled_from(["", " ", "x" * 600, "bad\x00name", "tab\tname", "\x1b[31mred"]),
     "--data": st.sampled_from(["/no/such/data", "", "  ", "missing/*.bin", "☃"]),
 }
 
@@ -168,7 +168,7 @@ RERUN_OPTIONS = {
     "--nproc": st.sampled_from(NEG_ZERO + ["3", "5"] + WEIRD), "--preset": bad_choice(), "--tokens": bad_size(),
     "--data": st.sampled_from(["/no/such/data", ""]), "--device": st.sampled_from(["tpu", "cuda", "cuda:3"]),
     "--micro-batch": st.sampled_from(["-1"] + WEIRD), "--checkpoint-every": st.sampled_from(["-1"] + WEIRD),
-    "--threads": st.sampled_from(["-1"] + WEIRD), "--study-name": st.sampled_from(["nope", "☃"]),
+    "--threads": st.sampled_from(["-1"] + WEIRD), "--study-name": st.sampled_from(["nope", "☃", ""]),
 }
 
 

@@ -1,7 +1,7 @@
 """Load: four local workers and a second study in one SQLite file, read meanwhile by `nas report`, `nas best`
 and optuna-dashboard. No lock error, no lost or duplicated trial, every read answered.
 
-CI runs it for ``NAS_LOAD_TEST_S`` seconds (default 100); by hand, a longer run:
+CI runs it for ``NAS_LOAD_TEST_S`` seconds (default 45); by hand, a longer run:
 
     NAS_LOAD_TEST_S=1800 python -m pytest -q -s tests/test_load.py
 
@@ -31,7 +31,7 @@ from nas.study.records import key_seed
 
 pytestmark = pytest.mark.slow
 
-DURATION_S = float(os.environ.get("NAS_LOAD_TEST_S", "100"))
+DURATION_S = float(os.environ.get("NAS_LOAD_TEST_S", "45"))
 BAD_WORDS = ("database is locked", "Traceback", "OperationalError")
 
 

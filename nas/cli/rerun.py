@@ -61,8 +61,8 @@ def rerun(
         if value < 0:
             raise UsageError(f"{flag} {value} is invalid: give 0 or a positive number")
     target = get_preset(preset)
-    budget = parse_size(tokens, "--tokens") if tokens else None
-    target.train.with_(**{"tokens": budget} if budget else {}, **{"device": device} if device else {})  # checks them
+    budget = parse_size(tokens, "--tokens") if tokens is not None else None
+    target.train.with_(**{"tokens": budget} if budget is not None else {}, **{"device": device} if device is not None else {})  # checks them
     if device not in (None, "auto", "cpu"):
         from runners.device import resolve_device
 

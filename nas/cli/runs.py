@@ -54,8 +54,8 @@ def train(
                    if value < 0)
         raise UsageError(f"{bad} is invalid: give 0 or a positive number")
     overrides = {"seed": seed, "compile": compile, "threads": threads,
-                 **({"tokens": parse_size(tokens, "--tokens")} if tokens else {}),
-                 **({"device": device} if device else {})}
+                 **({"tokens": parse_size(tokens, "--tokens")} if tokens is not None else {}),
+                 **({"device": device} if device is not None else {})}
     cfg = get_preset(preset).train.with_(**overrides)
 
     from nas.data import load_data

@@ -78,7 +78,7 @@ def default_study_name(config: SearchConfig, ident: dict[str, Any], default: dic
 
 def study_name(config: SearchConfig, space: SearchSpace, train: TrainConfig, data: TokenData) -> str:
     """``--study-name`` if given, else ``default_study_name`` of this command's identity."""
-    if config.study_name:
+    if config.study_name is not None:
         return config.study_name
     return default_study_name(config, identity(config, space, train, data), default_identity(config, data))
 
