@@ -39,3 +39,11 @@ def format_size(n: int | float) -> str:
         if abs(n) >= scale:
             return f"{n / scale:.1f}{suffix}"
     return f"{n:.0f}"
+
+
+def format_duration(seconds: float) -> str:
+    """``75 -> "1m15s"``, ``3720 -> "1h02m"``: an ETA or an elapsed time on a progress line."""
+    seconds = int(seconds)
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 60}m{seconds % 60:02d}s"

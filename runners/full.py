@@ -39,6 +39,7 @@ from nas.arch import ArchConfig
 from nas.data import TokenData, validation_batches
 from nas.errors import UsageError
 from nas.model.transformer import Transformer
+from nas.units import format_duration
 from runners.checkpoint import CHECKPOINT_NAME, read_checkpoint, rng_state, set_rng_state, write_checkpoint
 from runners.config import TrainConfig
 from runners.device import autocast, available_cores, set_threads
@@ -66,13 +67,6 @@ def run_identity(arch: ArchConfig, cfg: TrainConfig, data: TokenData) -> dict[st
     """What a checkpoint must match to be resumed: the shape, the training config, the data."""
     train = {k: v for k, v in cfg.to_dict().items() if k not in RUN_ONLY_FIELDS}
     return json.loads(json.dumps({"arch": arch.key(), "train": train, "data": data.fingerprint}, sort_keys=True))
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(seconds)
-    if seconds >= 3600:
-        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    return f"{seconds // 60}m{seconds % 60:02d}s"
 
 
 class RunLog:
@@ -252,7 +246,7 @@ def _run(arch: ArchConfig, cfg: TrainConfig, data: TokenData, options: RunOption
             last_print = time.perf_counter()
             eta = (steps - step - 1) * train_time / done
             print(f"step {step + 1}/{steps} | loss {train_loss:.4f} | {speed:,.0f} tok/s | MFU {100 * mfu:.1f}% "
-                  f"| ETA {_duration(eta)}", file=sys.stderr, flush=True)
+                  f"| ETA {format_duration(eta)}", file=sys.stderr, flush=True)
         if checkpoint is not None and ((step + 1) % checkpoint_every == 0 or step == steps - 1):
             if processes.main:
                 write_checkpoint(checkpoint, {"run": identity, "model": model.state_dict(),

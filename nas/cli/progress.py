@@ -9,13 +9,7 @@ from typing import TextIO
 from nas.study.config import display_url
 from nas.study.session import Search
 from nas.study.worker import TrialEvent
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(seconds)
-    if seconds >= 3600:
-        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    return f"{seconds // 60}m{seconds % 60:02d}s"
+from nas.units import format_duration
 
 
 class Progress:
@@ -56,7 +50,7 @@ class Progress:
         done_here = e.counted - (self.first_counted or 0)
         if done_here > 0 and e.counted < e.target:
             rate = (time.perf_counter() - self.started) / done_here
-            line += f" | ETA {_duration(rate * (e.target - e.counted))}"
+            line += f" | ETA {format_duration(rate * (e.target - e.counted))}"
         self.print(line)
 
     def print(self, line: str) -> None:

@@ -62,7 +62,8 @@ def rerun(
             raise UsageError(f"{flag} {value} is invalid: give 0 or a positive number")
     target = get_preset(preset)
     budget = parse_size(tokens, "--tokens") if tokens is not None else None
-    target.train.with_(**{"tokens": budget} if budget is not None else {}, **{"device": device} if device is not None else {})  # checks them
+    given = {"tokens": budget, "device": device}
+    target.train.with_(**{name: value for name, value in given.items() if value is not None})  # checks them
     if device not in (None, "auto", "cpu"):
         from runners.device import resolve_device
 

@@ -60,7 +60,8 @@ class SearchConfig:
             if value > maximum:
                 raise UsageError(f"{flag} {value:,} is too large: at most {maximum:,}")
         name = self.study_name
-        if name is not None and (not name.strip() or len(name) > 512 or any(ord(c) < 32 or ord(c) == 127 for c in name)):
+        printable = name is not None and all(32 <= ord(c) != 127 for c in name)
+        if name is not None and (not name.strip() or len(name) > 512 or not printable):
             raise UsageError(f"--study-name {name[:40]!r} is invalid: give 1-512 printable characters")
         if self.sampler is not None and self.sampler not in SAMPLERS:
             raise UsageError(f"unknown sampler {self.sampler!r}; choose {', '.join(SAMPLERS)}")
