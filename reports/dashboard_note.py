@@ -23,18 +23,19 @@ def note_text(data: StudyData, top: int = NOTE_ROWS) -> str:
     """The note, in Markdown."""
     summary = summarise(data)
     lines = [f"## {data.name}", "", f"**{summary.sentence}**", "",
-             "Ranked by mean validation loss over seeds; the dashboard's own *best trial* is one seed, not a shape. "
+             "Ranked by seed-adjusted loss (the baseline's mean plus the paired difference on shared seeds); "
+             "the dashboard's own *best trial* is one seed, not a shape. "
              f"`nas report --study-name {data.name}` draws the whole picture.", ""]
     if data.board.empty:
         return "\n".join(lines)
-    lines += ["| rank | shape | seeds | mean loss | ± ci95 | paired gain vs baseline | tied |",
-              "|---|---|---|---|---|---|---|"]
+    lines += ["| rank | shape | seeds | adj. loss | mean loss | ± ci95 | paired gain vs baseline | tied |",
+              "|---|---|---|---|---|---|---|---|"]
     shown = data.board[(data.board.index < top) | data.board["is_baseline"]]
     for r in shown.itertuples():
         gain = honest_gain(data, r.key) if r.key != data.baseline_key else None
         ci = f"{r.ci95:.4f}" if r.ci95 == r.ci95 and r.ci95 is not None else "-"
         label = shape_label(data, r.key).replace("|", "/") + (" (baseline)" if r.is_baseline else "")
-        lines.append(f"| {r.rank} | {label} | {r.seeds} | {r.mean_loss:.4f} | {ci} | "
+        lines.append(f"| {r.rank} | {label} | {r.seeds} | {r.adjusted_loss:.4f} | {r.mean_loss:.4f} | {ci} | "
                      f"{gain_text(data, r.key, gain)} | {'yes' if r.key in summary.tied else ''} |")
     return "\n".join(lines)
 

@@ -31,7 +31,8 @@ def export_rows(data: StudyData, top: int) -> list[dict[str, Any]]:
         rows.append({
             "rank": int(r.rank), "shape": shape_label(data, r.key), "heads": r.heads, "k": _number(r.k),
             "d_h": _number(r.d_h), "d_model": _number(r.d_model), "layers": _number(r.layers), "seeds": int(r.seeds),
-            "mean_loss": _number(r.mean_loss), "ci95": _number(r.ci95), "gain_pct": _number(r.gain_pct),
+            "adjusted_loss": _number(r.adjusted_loss), "mean_loss": _number(r.mean_loss), "ci95": _number(r.ci95),
+            "gain_pct": _number(r.gain_pct),
             "paired_gain_pct": gain.gain_pct if gain else None, "paired_gain_low": gain.low_pct if gain else None,
             "paired_gain_high": gain.high_pct if gain else None, "paired_seeds": gain.n if gain else 0,
             "tied_with_best": r.key in summary.tied, "params": _number(r.params),

@@ -26,7 +26,8 @@ from reports.training import training_section
 
 PLOTLYJS_MODES = ("inline", "cdn")
 # how the leaderboard and summary tables show their numbers
-SHAPE_FORMATS = {"mean loss": "{:.4f}", "± ci95": "{:.4f}", "± 95 % CI": "{:.4f}", "gain % (means)": "{:+.2f}",
+SHAPE_FORMATS = {"seed-adj. loss": "{:.4f}", "mean loss": "{:.4f}", "± ci95": "{:.4f}", "± 95 % CI": "{:.4f}",
+                 "gain % (adj.)": "{:+.2f}",
                  "params": "{:,}", "tokens/s": "{:,.0f}", "tokens/s vs baseline": "{:.2f}x"}
 
 
@@ -46,8 +47,10 @@ def summary_section(data: StudyData, summary: Summary) -> Section:
 
 def leaderboard_section(data: StudyData, summary: Summary, top: int) -> Section:
     section = Section("leaderboard", "Leaderboard",
-                      "Read off the ranking by mean validation loss over seeds (the numbers of `nas best`), each "
-                      "shape's paired gain over the baseline on common seeds, and which shapes are tied with the best.")
+                      "Read off the ranking (the numbers of `nas best`) by seed-adjusted loss: the baseline's mean "
+                      "plus the shape's mean paired difference on the seeds both share, so that a shape trained on "
+                      "one seed and one raced over many rank on one scale; then its plain mean over seeds, its "
+                      "paired gain over the baseline on common seeds, and which shapes are tied with the best.")
     if data.board.empty:
         section.empty = "no shape has completed a training yet"
         return section
@@ -56,8 +59,9 @@ def leaderboard_section(data: StudyData, summary: Summary, top: int) -> Section:
     rows = []
     for r in shown.itertuples():
         gain = honest_gain(data, r.key) if r.key != data.baseline_key else None
-        rows.append({"rank": r.rank, "shape": shape_label(data, r.key), "seeds": r.seeds, "mean loss": r.mean_loss,
-                     "± ci95": r.ci95, "gain % (means)": r.gain_pct,
+        rows.append({"rank": r.rank, "shape": shape_label(data, r.key), "seeds": r.seeds,
+                     "seed-adj. loss": r.adjusted_loss, "mean loss": r.mean_loss,
+                     "± ci95": r.ci95, "gain % (adj.)": r.gain_pct,
                      "paired gain vs baseline": gain_text(data, r.key, gain),
                      "tied with best": r.key in tied, "params": r.params, "tokens/s": r.tokens_per_s,
                      "baseline": r.is_baseline, "trials": r.trials})

@@ -136,13 +136,25 @@ def summarise(data: StudyData) -> Summary:
     gain = honest_gain(data, best) if best != data.baseline_key else None
     rows = [_side(data, best, "best", gain)] if best != data.baseline_key else []
     rows.append(_side(data, data.baseline_key, "baseline", None))
+    above = _ranked_above(data, best)
     if gain is not None and gain.low_pct is not None and gain.low_pct > 0:
         sentence = (f"{shape_label(data, best)} beats the baseline by {gain.gain_pct:.2f} % "
                     f"(95 % CI [{gain.low_pct:.2f}, {gain.high_pct:.2f}], {gain.n} paired seeds)")
     elif best == data.baseline_key:
-        sentence = (f"no shape beats the baseline at this proxy budget: the baseline has the lowest mean loss; "
-                    f"the tied set is {tied_text}")
+        lead = (f"the baseline leads the race of the {len(race.candidates) - 1} best shapes"
+                if race is not None else "the baseline has the lowest loss")
+        sentence = f"no shape beats the baseline at this proxy budget: {lead}; the tied set is {tied_text}"
     else:
         sentence = f"no shape is distinguishable from the baseline at this proxy budget; the tied set is {tied_text}"
+    if above:
+        sentence += f" ({len(above)} shape{'s' if len(above) > 1 else ''} above it in the leaderboard " + (
+            "rest on fewer seeds and were not raced)" if race is not None and not set(above) & set(race.candidates)
+            else "rest on fewer seeds)")
     return Summary(counts, best, sentence, gain, tied, rows)
+
+
+def _ranked_above(data: StudyData, key: str) -> list[str]:
+    """The leaderboard rows above ``key``: after a race, unraced shapes on one seed can rank above its leader."""
+    position = data.board.index[data.board["key"] == key]
+    return list(data.board["key"].iloc[:int(position[0])]) if len(position) else []
 

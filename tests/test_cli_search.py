@@ -138,16 +138,18 @@ def test_best_json_gives_mean_and_ci_over_seeds_and_gain_over_the_baseline(small
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)
     assert len(rows) == 3 and [r["rank"] for r in rows] == [1, 2, 3]
-    assert [r["mean_loss"] for r in rows] == sorted(r["mean_loss"] for r in rows)
+    assert [r["adjusted_loss"] for r in rows] == sorted(r["adjusted_loss"] for r in rows)
     (base,) = [r for r in rows if r["is_baseline"]]
     base_losses = [t.values[0] for t in counted(trials) if t.user_attrs["key"] == trials[0].user_attrs["key"]]
     assert base["seeds"] == 2 and base["mean_loss"] == pytest.approx(mean(base_losses))
     assert base["ci95"] > 0 and base["gain_pct"] == 0 and base["heads"] == "4x4"
     for r in rows:
         assert r["params"] > 0 and r["tokens_per_s"] > 0 and r["k"] == 1 and r["layers"] == 4
-        assert r["gain_pct"] == pytest.approx(100 * (base["mean_loss"] - r["mean_loss"]) / base["mean_loss"])
+        assert r["gain_pct"] == pytest.approx(100 * (base["mean_loss"] - r["adjusted_loss"]) / base["mean_loss"])
         if not r["is_baseline"]:
             assert r["seeds"] == 1 and r["ci95"] is None  # one seed: no interval
+            # on the baseline's mean: its own loss less the baseline's loss on the same seed (seed 0)
+            assert r["adjusted_loss"] == pytest.approx(base["mean_loss"] + r["mean_loss"] - base_losses[0])
     top1 = json.loads(invoke("best", "--study-name", name, "--storage", storage, "--top", "1",
                              "--format", "json").stdout)
     assert top1[0]["rank"] == 1 and any(r["is_baseline"] for r in top1) and len(top1) == (1 if rows[0]["is_baseline"]

@@ -67,7 +67,9 @@ def test_leaderboard_rows_carry_mean_interval_gain_and_the_shape(study):
     assert list(board["rank"]) == [1, 2] and list(board["key"]) == [STEP.key(), BASE.key()]
     best, base = board.iloc[0], board.iloc[1]
     assert best["mean_loss"] == pytest.approx(3.225) and base["mean_loss"] == pytest.approx(3.30)
-    assert best["gain_pct"] == pytest.approx(100 * (3.30 - 3.225) / 3.30) and base["gain_pct"] == 0
+    # adjusted: the baseline's mean plus the mean paired difference on seeds 0 and 1, (-0.10 - 0.09) / 2
+    assert best["adjusted_loss"] == pytest.approx(3.205) and base["adjusted_loss"] == pytest.approx(3.30)
+    assert best["gain_pct"] == pytest.approx(100 * (3.30 - 3.205) / 3.30) and base["gain_pct"] == 0
     assert best["ci95"] == pytest.approx(ci95([3.20, 3.25])) and best["seeds"] == 2
     assert ArchConfig.from_dict(best["arch"]) == STEP and base["is_baseline"] and best["heads"] == "2x2,4x2"
     assert best["tokens_per_s"] == pytest.approx(mean([1000.0, 1001.0]))
@@ -76,3 +78,31 @@ def test_leaderboard_rows_carry_mean_interval_gain_and_the_shape(study):
 
 def test_an_empty_study_has_an_empty_leaderboard(study):
     assert leaderboard(study).empty
+
+
+def test_a_one_seed_shape_ranks_by_its_paired_difference_not_by_its_seeds_luck(study):
+    """Seed 0 is lucky for every shape (all 0.1 lower): a one-seed shape must not outrank a shape measured on
+    nine seeds that beats the baseline on every one of them."""
+    raced = ArchConfig(n_layers=4, d_model=32, heads=(1, 1, 4, 4), ffn=BASE.ffn, vocab_size=256)
+    for seed in range(9):
+        luck = -0.1 if seed == 0 else 0.0
+        add(study, BASE, seed, 3.00 + luck, role="baseline" if seed == 0 else "race")
+        add(study, raced, seed, 2.95 + luck, role="member" if seed == 0 else "race")
+    add(study, STEP, 0, 2.88)  # one seed, 0.02 better than the baseline on seed 0: worse than `raced` paired
+    board = leaderboard(study)
+    assert list(board["key"]) == [raced.key(), STEP.key(), BASE.key()]
+    assert board["mean_loss"].tolist() == pytest.approx([2.95 - 0.1 / 9, 2.88, 3.0 - 0.1 / 9])
+    base_mean = 3.0 - 0.1 / 9
+    assert board["adjusted_loss"].tolist() == pytest.approx([2.95 - 0.1 / 9, base_mean - 0.02, base_mean])
+    assert board.iloc[1]["gain_pct"] == pytest.approx(100 * 0.02 / base_mean)
+    by_plain_mean = board.sort_values("mean_loss")["key"].tolist()
+    assert by_plain_mean[0] == STEP.key()  # what the ranking was before: seed 0's luck counted as a gain
+
+
+def test_without_a_baseline_or_a_common_seed_the_adjusted_loss_is_the_plain_mean(study):
+    add(study, STEP, 3, 2.9)
+    add(study, BASE, 0, 3.1, role="baseline")
+    board = leaderboard(study)
+    assert board["adjusted_loss"].tolist() == board["mean_loss"].tolist() == pytest.approx([2.9, 3.1])
+    study.set_user_attr("nas:baseline_key", "no-such-shape")
+    assert leaderboard(study)["adjusted_loss"].tolist() == pytest.approx([2.9, 3.1])

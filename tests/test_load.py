@@ -29,9 +29,8 @@ from search_helpers import NAS, TINY, counted, load_trials, nas_env, sqlite_url,
 
 from nas.study.records import key_seed
 
-pytestmark = pytest.mark.slow
-
 DURATION_S = float(os.environ.get("NAS_LOAD_TEST_S", "45"))
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(DURATION_S + 900)]  # the duration, then its wind-down
 BAD_WORDS = ("database is locked", "Traceback", "OperationalError")
 
 

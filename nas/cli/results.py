@@ -24,8 +24,9 @@ def best(
     top: TopOpt = 10,
     format: Annotated[TableOrJson, typer.Option("--format", help="Output format.")] = TableOrJson.table,
 ) -> None:
-    """The leaderboard: shape, mean loss ± 95% CI over seeds, paired gain over the baseline with its interval,
-    whether it is tied with the best, parameters, tokens/s. JSON rows are valid `nas train --config` files."""
+    """The leaderboard: shape, seed-adjusted loss (the rank), mean loss ± 95% CI over seeds, paired gain over the
+    baseline with its interval, whether it is tied with the best, parameters, tokens/s. JSON rows are valid
+    `nas train --config` files."""
     from nas.study.storage import load_existing_study
     from reports.export import export_rows
     from reports.frame import read_study
@@ -43,8 +44,8 @@ def best(
         return
     typer.echo(summarise(data).sentence)
     typer.echo(f"{'rank':>4}  {'heads':<28} {'K':>2} {'d_h':>5} {'d':>5} {'L':>3} {'seeds':>5}  "
-               f"{'mean loss':>9} {'± ci95':>7} {'paired gain % (95% CI)':>26} {'tied':>4} {'params':>10} "
-               f"{'tok/s':>7}")
+               f"{'adj. loss':>9} {'mean loss':>9} {'± ci95':>7} {'paired gain % (95% CI)':>26} {'tied':>4} "
+               f"{'params':>10} {'tok/s':>7}")
     for r in rows:
         ci = f"{r['ci95']:.4f}" if r["ci95"] is not None else "-"
         gain = (f"{r['paired_gain_pct']:+.2f} [{r['paired_gain_low']:+.2f}, {r['paired_gain_high']:+.2f}]"
@@ -53,7 +54,7 @@ def best(
         tag = "  (baseline)" if r["is_baseline"] else ""
         tied = "yes" if r["tied_with_best"] else ""
         typer.echo(f"{r['rank']:>4}  {r['heads']:<28} {r['k']:>2} {r['d_h']:>5} {r['d_model']:>5} {r['layers']:>3} "
-                   f"{r['seeds']:>5}  {r['mean_loss']:>9.4f} {ci:>7} {gain:>26} {tied:>4}"
+                   f"{r['seeds']:>5}  {r['adjusted_loss']:>9.4f} {r['mean_loss']:>9.4f} {ci:>7} {gain:>26} {tied:>4}"
                    f" {r['params']:>10} {r['tokens_per_s'] or 0:>7.0f}{tag}")
 
 

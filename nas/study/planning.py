@@ -19,7 +19,7 @@ The plan is recomputed from the storage at every call, so any number of workers 
 number of machines share one race: a (shape, seed) in flight or done is never planned again,
 and a worker whose round is taken by others goes on to the next round instead of waiting.
 ``--replicates fixed`` keeps the earlier policy: seeds for the baseline and the
-``replicate_top`` best shapes by mean loss, least-replicated first. ``None`` lets the sampler
+``replicate_top`` best shapes by seed-adjusted loss, least-replicated first. ``None`` lets the sampler
 propose instead (spaces larger than ``--trials``).
 """
 
@@ -31,7 +31,7 @@ from typing import Any
 from optuna.trial import FrozenTrial, TrialState
 
 from nas.study.race import RaceState, first_pass_candidates, race_state
-from nas.study.records import arch_of, counts, in_flight, key_seed, scores_by_shape
+from nas.study.records import arch_of, counts, in_flight, key_seed, scores_by_shape, seed_adjusted_means
 from nas.study.session import Search
 
 
@@ -96,9 +96,10 @@ def _arch(search: Search, trials: list[FrozenTrial], key: str):
 
 
 def plan_replicate(search: Search, trials: list[FrozenTrial], seen: set[tuple[str, int]]) -> Plan:
-    """A new seed for the least-replicated of: the baseline and the ``replicate_top`` best shapes (mean loss)."""
+    """A new seed for the least-replicated of: the baseline and the ``replicate_top`` best shapes (adjusted loss)."""
     scores = scores_by_shape(trials)
-    ranked = sorted(scores.values(), key=lambda s: (s.mean, s.first_trial))
+    adjusted = seed_adjusted_means(scores, search.baseline.key())
+    ranked = sorted(scores.values(), key=lambda s: (adjusted[s.key], s.first_trial))
     baseline = search.baseline
     candidates = [baseline.key()] + [s.key for s in ranked if s.key != baseline.key()][: search.config.replicate_top]
     archs = {baseline.key(): baseline}

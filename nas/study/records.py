@@ -95,6 +95,31 @@ class ShapeScores:
         return fmean(self.losses)
 
 
+def seed_adjusted_means(scores: dict[str, ShapeScores], baseline_key: str | None) -> dict[str, float]:
+    """Every shape's mean loss put on the baseline's seeds, so that shapes trained on different seeds compare.
+
+    ``L_adj(s) = mean_b + mean_{i in S_s & S_b} (L_s(i) - L_b(i))``: the baseline's mean over all its
+    seeds plus the shape's mean paired difference on the seeds both share (a control variate; with
+    common random numbers, one seed gives every shape the same batches, so a seed's luck is partly
+    shared: ``benchmarks/proxy_noise.py`` measures a correlation of about 0.5). A shape trained on all
+    the baseline's seeds keeps its own mean; one trained on seed 0 alone is no longer compared, through
+    seed 0's luck, with shapes averaged over nine seeds. Shapes without a common seed, and every shape
+    when there is no baseline, keep their plain mean.
+    """
+    base = scores.get(baseline_key) if baseline_key is not None else None
+    if base is None:
+        return {key: shape.mean for key, shape in scores.items()}
+    by_seed = {}
+    for seed, loss in zip(base.seeds, base.losses):
+        by_seed.setdefault(seed, []).append(loss)
+    base_at = {seed: fmean(losses) for seed, losses in by_seed.items()}
+    adjusted = {}
+    for key, shape in scores.items():
+        diffs = [loss - base_at[seed] for seed, loss in zip(shape.seeds, shape.losses) if seed in base_at]
+        adjusted[key] = base.mean + fmean(diffs) if diffs and key != baseline_key else shape.mean
+    return adjusted
+
+
 def scores_by_shape(trials: Iterable[FrozenTrial]) -> dict[str, ShapeScores]:
     """Every shape's ``ShapeScores``, in the order of each shape's first completed trial.
 

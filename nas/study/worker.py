@@ -25,7 +25,7 @@ from nas.errors import SearchAborted, UsageError
 from nas.study.heartbeat import Heartbeat, TrialLost, warn_on_stderr
 from nas.study.optuna_internals import trial_id
 from nas.study.planning import plan_next
-from nas.study.records import counts, in_flight, scores_by_shape
+from nas.study.records import counts, in_flight, scores_by_shape, seed_adjusted_means
 from nas.study.recovery import fail_abandoned, fail_stale, mark_interrupted, requeue
 from nas.study.session import Search
 from nas.study.storage_faults import storage_failure, wait_for_storage
@@ -49,21 +49,22 @@ class TrialEvent:
     wall_time_s: float
     counted: int
     target: int
-    best: tuple[int, float] | None  # the best shape: (its first trial's number, mean loss over its seeds)
+    best: tuple[int, float] | None  # the best shape: (its first trial's number, seed-adjusted loss)
     baseline: float | None  # the baseline's mean loss over its seeds
     reason: str | None = None
 
 
 def summary(search: Search, trials: list[FrozenTrial]) -> tuple[int, tuple[int, float] | None, float | None]:
-    """(counted trials, best shape as (its first trial, mean loss over its seeds), the baseline's mean loss).
+    """(counted trials, best shape as (its first trial, seed-adjusted loss), the baseline's mean loss).
 
-    Shapes are compared by their mean over seeds, as in the leaderboard: one lucky seed is not a gain
+    Shapes are compared by their seed-adjusted mean, as in the leaderboard: one lucky seed is not a gain
     (and the baseline's own first seed must not show a gain over the baseline).
     """
     scores = scores_by_shape(trials)
-    best = min(scores.values(), key=lambda s: (s.mean, s.first_trial), default=None)
+    adjusted = seed_adjusted_means(scores, search.baseline.key())
+    best = min(scores.values(), key=lambda s: (adjusted[s.key], s.first_trial), default=None)
     baseline = scores.get(search.baseline.key())
-    return (sum(counts(t) for t in trials), (best.first_trial, best.mean) if best else None,
+    return (sum(counts(t) for t in trials), (best.first_trial, adjusted[best.key]) if best else None,
             baseline.mean if baseline else None)
 
 
