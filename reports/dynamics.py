@@ -13,9 +13,9 @@ import warnings
 
 import optuna
 import plotly.graph_objects as go
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
-from nas.study.records import counts, loss_of
+from nas.study.records import ShapeScores, adjusted_mean, counts, loss_of, mean_by_seed, seed_adjusted_means
 from reports.frame import StudyData
 from reports.page import Section, plot_text
 from reports.summary import shape_label
@@ -31,6 +31,32 @@ def trained_copy(data: StudyData) -> optuna.Study:
     return copy
 
 
+def best_so_far(data: StudyData, completed: list[FrozenTrial]) -> tuple[list[int], list[float]]:
+    """(trial number, best seed-adjusted loss among the shapes trained so far) as each training arrives.
+
+    The leaderboard's ranking (``nas.study.records.seed_adjusted_means``) replayed in trial order: a new
+    training of a shape changes that shape's entry, one of the baseline changes every entry.
+    """
+    scores: dict[str, ShapeScores] = {}
+    adjusted: dict[str, float] = {}
+    steps_x, steps_y = [], []
+    for t in completed:
+        key = t.user_attrs["key"]
+        old = scores.get(key, ShapeScores(key, (), (), ()))
+        scores[key] = ShapeScores(key, (*old.trials, t.number), (*old.seeds, int(t.user_attrs.get("seed", 0))),
+                                  (*old.losses, loss_of(t)))
+        base = scores.get(data.baseline_key)
+        if base is None:
+            adjusted[key] = scores[key].mean
+        elif key == data.baseline_key:
+            adjusted = seed_adjusted_means(scores, data.baseline_key)
+        else:
+            adjusted[key] = adjusted_mean(scores[key], mean_by_seed(base), base.mean)
+        steps_x.append(t.number)
+        steps_y.append(min(adjusted.values()))
+    return steps_x, steps_y
+
+
 def history_figure(data: StudyData) -> go.Figure:
     trained = [t for t in data.trials if counts(t) and t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
     fig = go.Figure()
@@ -42,16 +68,9 @@ def history_figure(data: StudyData) -> go.Figure:
                                  name=role, marker={"color": colour, "size": 6},
                                  text=[plot_text(shape_label(data, t.user_attrs["key"])) for t in done],
                                  hovertemplate="#%{x} %{text}<br>loss %{y:.4f}<extra></extra>"))
-    steps_x, steps_y, sums = [], [], {}
-    for t in trained:  # the best mean over seeds so far, updated as each completed training arrives
-        if t.state != TrialState.COMPLETE:
-            continue
-        total, n = sums.get(t.user_attrs["key"], (0.0, 0))
-        sums[t.user_attrs["key"]] = (total + loss_of(t), n + 1)
-        steps_x.append(t.number)
-        steps_y.append(min(total / n for total, n in sums.values()))
+    steps_x, steps_y = best_so_far(data, [t for t in trained if t.state == TrialState.COMPLETE])
     fig.add_trace(go.Scatter(x=steps_x, y=steps_y, mode="lines", line_shape="hv",
-                             name="best shape's mean over seeds so far<br>(replicates can raise it)",
+                             name="best shape's seed-adjusted loss so far<br>(as nas best ranks; seeds can raise it)",
                              line={"color": "#1d2733", "width": 2}))
     fig.update_xaxes(title_text="trial")
     fig.update_yaxes(title_text="validation loss")

@@ -106,3 +106,25 @@ def test_without_a_baseline_or_a_common_seed_the_adjusted_loss_is_the_plain_mean
     assert board["adjusted_loss"].tolist() == board["mean_loss"].tolist() == pytest.approx([2.9, 3.1])
     study.set_user_attr("nas:baseline_key", "no-such-shape")
     assert leaderboard(study)["adjusted_loss"].tolist() == pytest.approx([2.9, 3.1])
+
+
+def test_the_history_line_replays_the_leaderboards_ranking_in_trial_order(study):
+    """``reports.dynamics.best_so_far`` updates incrementally; after every training it equals the ranking
+    recomputed from scratch on the trials so far (baseline trainings arriving late included)."""
+    import random
+    from types import SimpleNamespace
+
+    from nas.study.records import seed_adjusted_means
+    from reports.dynamics import best_so_far
+
+    rng = random.Random(7)
+    shapes = [STEP, ArchConfig(n_layers=4, d_model=32, heads=(1, 1, 4, 4), ffn=BASE.ffn, vocab_size=256)]
+    add(study, STEP, 0, 3.1)  # before the baseline: plain means
+    for _ in range(30):
+        arch = BASE if rng.random() < 0.3 else rng.choice(shapes)
+        add(study, arch, rng.randrange(4), 3.0 + rng.random() / 5, role="race")
+    trials = study.get_trials()
+    xs, ys = best_so_far(SimpleNamespace(baseline_key=BASE.key()), trials)
+    assert xs == [t.number for t in trials]
+    for i, y in enumerate(ys):
+        assert y == pytest.approx(min(seed_adjusted_means(scores_by_shape(trials[:i + 1]), BASE.key()).values()))

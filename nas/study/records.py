@@ -109,15 +109,23 @@ def seed_adjusted_means(scores: dict[str, ShapeScores], baseline_key: str | None
     base = scores.get(baseline_key) if baseline_key is not None else None
     if base is None:
         return {key: shape.mean for key, shape in scores.items()}
-    by_seed = {}
-    for seed, loss in zip(base.seeds, base.losses):
+    base_at = mean_by_seed(base)
+    return {key: shape.mean if key == baseline_key else adjusted_mean(shape, base_at, base.mean)
+            for key, shape in scores.items()}
+
+
+def mean_by_seed(shape: ShapeScores) -> dict[int, float]:
+    """The shape's loss on each of its seeds (the mean, should a seed have been trained twice)."""
+    by_seed: dict[int, list[float]] = {}
+    for seed, loss in zip(shape.seeds, shape.losses):
         by_seed.setdefault(seed, []).append(loss)
-    base_at = {seed: fmean(losses) for seed, losses in by_seed.items()}
-    adjusted = {}
-    for key, shape in scores.items():
-        diffs = [loss - base_at[seed] for seed, loss in zip(shape.seeds, shape.losses) if seed in base_at]
-        adjusted[key] = base.mean + fmean(diffs) if diffs and key != baseline_key else shape.mean
-    return adjusted
+    return {seed: fmean(losses) for seed, losses in by_seed.items()}
+
+
+def adjusted_mean(shape: ShapeScores, base_at: dict[int, float], base_mean: float) -> float:
+    """One shape's ``seed_adjusted_means`` entry, given the baseline's loss per seed and its mean."""
+    diffs = [loss - base_at[seed] for seed, loss in zip(shape.seeds, shape.losses) if seed in base_at]
+    return base_mean + fmean(diffs) if diffs else shape.mean
 
 
 def scores_by_shape(trials: Iterable[FrozenTrial]) -> dict[str, ShapeScores]:
