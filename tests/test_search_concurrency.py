@@ -223,3 +223,43 @@ def test_machines_sharing_a_study_draw_different_shapes_and_one_seed_draws_the_s
     again = open_search(config("again.db"))  # the same command on a fresh study proposes the same shapes
     again.study.ask()
     assert propose(again, again.study.ask())[1] == first[1] and propose(again, again.study.ask())[1] == second[1]
+
+
+def test_a_queued_trial_that_another_worker_pops_is_not_trained_twice(tmp_path):
+    """Found by the 30-minute load test: a worker's read before ``ask`` held a queued, shapeless trial (the retry of
+    one that died before it had a shape) and nothing running, so it counted as final. Another worker popped that
+    trial and planned the same (shape, seed) into it; this worker, handed the next number, trusted its stale read
+    and trained the pair too. A queued trial in the read now sends the check to the storage, which shows the
+    other worker's trial running with that pair: this one waits for it and is answered as its duplicate."""
+    import threading
+    from types import SimpleNamespace
+
+    from nas.arch import uniform
+    from nas.study.heartbeat import Heartbeat
+    from nas.study.optuna_internals import trial_id
+    from nas.study.records import shape_attrs
+    from nas.study.trial import find_original, set_attrs
+
+    storage = make_storage(sqlite_url(tmp_path / "queue.db"), heartbeat_interval=1)
+    study = optuna.create_study(storage=storage, study_name="queue")
+    search = SimpleNamespace(study=study, storage=storage, study_id=storage.get_study_id_from_name("queue"))
+    study.enqueue_trial({})  # a retry of a trial that died before it recorded a shape
+    known = study.get_trials(deepcopy=False)  # this worker's read before its ask: one queued trial, none running
+    arch = uniform(4, 32, 4, 256)
+    other = study.ask()  # another worker pops the queued trial and plans the same pair into it
+    set_attrs(search, other, shape_attrs(arch, 7, "race"))
+    mine = study.ask()
+    assert (other.number, mine.number) == (0, 1) and mine.number == len(known)
+    set_attrs(search, mine, shape_attrs(arch, 7, "race"))
+
+    def finish_other() -> None:
+        time.sleep(1.0)
+        other.set_user_attr("val_loss", 3.0)
+        study.tell(other, 3.0)
+
+    finisher = threading.Thread(target=finish_other)
+    finisher.start()
+    with Heartbeat(storage, trial_id(mine), mine.number) as heartbeat:
+        original = find_original(search, arch.key(), 7, mine.number, heartbeat, known)
+    finisher.join()
+    assert original is not None and original.number == other.number

@@ -58,9 +58,11 @@ def find_original(search: Search, key: str, seed: int, number: int, heartbeat: H
 
     ``known``, the study as read just before this trial's ``ask``, answers without a new read when it is
     final below ``number``: it holds every lower-numbered trial (``number == len(known)``) and none of them
-    was running, so none can still change or take this shape (the usual case with one worker).
+    was running or queued, so none can still change or take this shape (the usual case with one worker). A
+    queued trial is not final: another worker may pop it and plan this very shape and seed into it.
     """
-    final_below = known is not None and number == len(known) and not any(in_flight(t) for t in known)
+    final_below = known is not None and number == len(known) and not any(
+        in_flight(t) or t.state == TrialState.WAITING for t in known)
     while True:
         trials = known if final_below else search.study.get_trials(deepcopy=False)
         same = [t for t in trials if t.number != number and key_seed(t) == (key, seed) and not is_duplicate(t)]
