@@ -143,4 +143,5 @@ def test_four_workers_and_a_second_study_under_readers_lose_and_repeat_nothing(t
     assert n_a >= 8 and n_b >= 2 and min(readers.calls.values()) >= 3, (n_a, n_b, readers.calls)
     print(f"\nload: {elapsed / 60:.1f} min, study A {n_a} trials ({60 * n_a / elapsed:.1f}/min, 4 workers), "
           f"study B {n_b} ({60 * n_b / elapsed:.1f}/min), reads: {readers.calls}, lock errors 0, "
-          f"duplicated 0, lost 0, interrupted and re-queued {len(interrupted)}")
+          f"duplicated 0, lost 0, interrupted and re-queued {len(interrupted)}, stale heartbeats retried "
+          f"{sum(1 for t in trials_a + trials_b if 'failed_trial' in t.system_attrs)}")
