@@ -116,12 +116,12 @@ def assert_clean_finish(proc: subprocess.CompletedProcess[str]) -> None:
 @pytest.mark.parametrize("first_point", range(len(POINTS)), ids=POINTS)
 def test_a_search_killed_again_and_again_at_random_points_resumes_to_exactly_the_requested_trials(
         tmp_path, first_point):
-    """Each study is killed up to six times, at the four points in turn, then resumed to the end."""
+    """Each study is killed up to five times, at the four points in turn, then resumed to the end."""
     storage = sqlite_url(tmp_path / "faults.db")
     args = [*SEARCH, "--storage", storage, "--study-name", "faults"]
     rng = random.Random(first_point)
     kills = 0
-    for attempt in range(6):
+    for attempt in range(5):
         point = POINTS[(first_point + attempt) % len(POINTS)]
         proc = faulty_search(args, tmp_path, point, rng.randrange(2**31))
         if proc.returncode == -signal.SIGKILL:

@@ -18,6 +18,7 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import threading
 import time
@@ -90,6 +91,12 @@ class Readers:
             self.stop.wait(1.0)
 
 
+def study_names(path) -> set[str]:
+    """The studies in the SQLite file (read directly: the readers must not start before study B exists)."""
+    with sqlite3.connect(path, timeout=60) as db:
+        return {name for (name,) in db.execute("SELECT study_name FROM studies")}
+
+
 def assert_consistent(trials, name: str) -> int:
     """No (shape, seed) counted twice, nothing left RUNNING, every counted trial with its result; the count."""
     done = counted(trials)
@@ -110,6 +117,7 @@ def test_four_workers_and_a_second_study_under_readers_lose_and_repeat_nothing(t
              "study A's first trial", process=a, log=log_a)
     b = start_nas("search", "--space", "hourglass", *common, "--threads", "1", "--study-name", "load-b",
                   cwd=tmp_path, log=log_b, cores=None)
+    wait_for(lambda: study_names(tmp_path / "load.db") >= {"load-a", "load-b"}, 120, "study B", process=b, log=log_b)
     port = free_port()
     dashboard = start_nas("dashboard", "--storage", storage, "--port", str(port), cwd=tmp_path, log=log_d,
                           cores=None)
