@@ -2,27 +2,7 @@
 
 Paper: Hourglass FFN, stacks of ``K`` wide-narrow-wide residual SwiGLU sub-MLPs ``d -> d_h -> d`` with
 ``d_h < d``, budgets matched to within 0.001 %, the saved parameters re-spent on width, depth or attention.
-A member has ``K`` SwiGLU sub-MLPs ``d_model -> d_h -> d_model`` per layer, ``d_model / head_dim``
-heads in every layer, and the exact parameter count of ``nas.arch.ArchConfig.n_params``
-
-    N(L, d, K, d_h, w) = t V d + 4 L d^2 + 3 d (L K d_h + w) + L (1 + K) d + d     (t = 1 tied, 2 untied)
-
-within ``tolerance`` (relative) of the budget ``B``, where ``w`` of the ``L K`` sub-MLPs take
-``d_h + 1`` (``FFNShape.wider``): the budget is matched in steps of ``3 d`` parameters, not
-``3 L K d``, so every grid point whose width allows it lands within 0.01 % (at ``--budget 20M
---vocab 256 --fix attention`` all of K = 1 ... 8 do; with ``d_h`` alone, only K = 1, 2, 8 came
-within 0.1 %). ``hidden_multiple`` (e.g. 64 for GPU presets, whose matmuls want tile-aligned
-widths) instead rounds ``d_h`` to that multiple with no wider sub-MLPs: aligned kernels, but the
-budget steps are ``3 L K d hidden_multiple`` (about 1-5 % at GPT-2 scale), so raise ``tolerance``.
-
-Solver for a grid point ``(K, L, rho = d_h / d_model)``: with ``d_h = rho d`` the count is a quadratic
-``a d^2 + b d`` (``a = L (4 + 3 K rho)``, ``b = t V + L (1 + K) + 1``), so the continuous width is
-``d*(rho) = (-b + sqrt(b^2 + 4 a B)) / 2a``. The candidates are the multiples of ``head_dim``
-between ``d*(rho (1 + ratio_tolerance))`` and ``d*(rho (1 - ratio_tolerance))``; each gets the FFN
-closest to the budget, ``u = round((B - N(L, d, K, 0, 0)) / 3 d)`` hidden units over all sub-MLPs,
-``d_h = u // (L K)`` and ``w = u % (L K)``. Among those within
-``tolerance`` of the budget and within ``ratio_tolerance`` of ``rho``, the one closest to ``rho``
-wins. A point with no such width is *unmatched* and reported with the reason.
+The budget arithmetic and the solver live in ``search_spaces.budget`` (``BudgetMatcher``).
 
 Fixed-attention mode (the paper's first study): ``d_model`` and ``L`` stay the baseline's, so the
 attention parameters do not move; only ``K`` varies and ``d_h`` follows from the budget (``K d_h``
@@ -54,6 +34,7 @@ from nas.arch import (
 )
 from nas.errors import UsageError
 from search_spaces.base import SearchSpace, check_heads, check_positive
+from search_spaces.budget import BudgetMatcher
 
 if TYPE_CHECKING:
     from optuna.trial import BaseTrial
@@ -167,6 +148,7 @@ class HourglassSpace(SearchSpace):
         self.budget = self.reference.n_params()["total"] if budget is None else budget
         check_positive("budget", self.budget, "a parameter budget is a positive integer such as 113M",
                        maximum=MAX_PARAMS)
+        self.matcher = BudgetMatcher(self.budget, vocab_size, self.tie_embeddings, head_dim, tolerance, hidden_multiple)
         self._baseline = self._solve_baseline()
         if fix:
             self.layer_values: tuple[int, ...] = (self._baseline.n_layers,)
@@ -180,87 +162,22 @@ class HourglassSpace(SearchSpace):
                              f"{MAX_GRID_POINTS:,}; give fewer --k-values, --layer-values or --ratio-values")
 
     # ----------------------------------------------------------------- the solver
-    def _arch(self, layers: int, d_model: int, k: int, d_h: int, wider: int = 0) -> ArchConfig:
-        heads = d_model // self.head_dim
-        return uniform(layers, d_model, heads, self.vocab_size, FFNShape(k, d_h, wider), self.tie_embeddings)
-
     def deviation(self, arch: ArchConfig) -> float:
         """Signed relative distance of the exact parameter count from the budget."""
-        return (arch.n_params()["total"] - self.budget) / self.budget
-
-    def _best_ffn(self, layers: int, d_model: int, k: int) -> tuple[int, int] | None:
-        """``(d_h, wider)`` whose exact count is closest to the budget (module docstring), or None if no FFN fits."""
-        rest = self._arch(layers, d_model, k, 1).n_params()["total"] - 3 * layers * k * d_model
-        if self.hidden_multiple > 1:  # aligned: whole multiples of the sub-MLP width, no wider ones
-            step = 3 * layers * k * d_model * self.hidden_multiple
-            d_h = (2 * (self.budget - rest) + step) // (2 * step) * self.hidden_multiple
-            return (d_h, 0) if d_h >= 1 else None
-        step = 3 * d_model  # parameters per hidden unit of one sub-MLP
-        units = (2 * (self.budget - rest) + step) // (2 * step)  # round to nearest
-        d_h, wider = divmod(units, layers * k)
-        return (d_h, wider) if d_h >= 1 else None
-
-    def _width(self, layers: int, k: int, ratio: float) -> float:
-        """The continuous d_model at which d_h = ratio * d_model meets the budget (module docstring)."""
-        a = layers * (4 + 3 * k * ratio)
-        b = (1 if self.tie_embeddings else 2) * self.vocab_size + layers * (1 + k) + 1
-        return (-b + math.sqrt(b * b + 4 * a * self.budget)) / (2 * a)
-
-    def _solve(self, k: int, layers: int, ratio: float, ratio_tolerance: float) -> ArchConfig | str:
-        """The member for one grid point, or the reason there is none."""
-        hd = self.head_dim
-        low = max(hd, math.floor(self._width(layers, k, ratio * (1 + ratio_tolerance)) / hd) * hd)
-        high = math.ceil(self._width(layers, k, ratio * (1 - ratio_tolerance)) / hd) * hd
-        best: tuple[tuple[float, float], ArchConfig] | None = None
-        miss: tuple[float, ArchConfig] | None = None
-        for d_model in range(low, high + 1, hd):
-            ffn = self._best_ffn(layers, d_model, k)
-            if ffn is None or abs(ffn[0] / d_model / ratio - 1) > ratio_tolerance:
-                continue
-            d_h = ffn[0]
-            arch = self._arch(layers, d_model, k, *ffn)
-            deviation = abs(self.deviation(arch))
-            if deviation <= self.tolerance:
-                score = (abs(d_h / d_model - ratio), deviation)
-                if best is None or score < best[0]:
-                    best = (score, arch)
-            elif miss is None or deviation < miss[0]:
-                miss = (deviation, arch)
-        if best:
-            return best[1]
-        if miss:
-            d, d_h = miss[1].d_model, miss[1].ffn.hidden
-            step = 3 * d * (layers * k * self.hidden_multiple if self.hidden_multiple > 1 else 1)
-            return (f"budget steps of {step:,} parameters are too coarse: the closest, d_model={d} d_h={d_h}, is "
-                    f"{self.deviation(miss[1]):+.3%} off the budget (tolerance ±{self.tolerance:.3%}; raise "
-                    "--tolerance)")
-        return (f"no d_model that is a multiple of head_dim={hd} gives d_h/d_model within ±{ratio_tolerance:.0%} "
-                f"of {ratio:g} at this budget (continuous solution d_model≈{self._width(layers, k, ratio):.0f})")
+        return self.matcher.deviation(arch)
 
     def solve(self, k: int, layers: int, ratio: float | None) -> ArchConfig | str:
         """The budget-matched shape of one grid point, or the reason there is none (``ratio`` None: fixed attention,
         the baseline's d_model and L with d_h from the budget)."""
         if ratio is None:
-            return self._solve_fixed(k)
-        return self._solve(k, layers, ratio, self.ratio_tolerance)
-
-    def _solve_fixed(self, k: int) -> ArchConfig | str:
-        base = self._baseline
-        ffn = self._best_ffn(base.n_layers, base.d_model, k)
-        if ffn is None:
-            return f"attention and embeddings alone exceed the budget {self.budget:,}"
-        d_h = ffn[0]
-        arch = self._arch(base.n_layers, base.d_model, k, *ffn)
-        if abs(self.deviation(arch)) > self.tolerance:
-            return (f"d_h={d_h} is {self.deviation(arch):+.3%} off the budget (tolerance ±{self.tolerance:.3%}; "
-                    "raise --tolerance)")
-        return arch
+            return self.matcher.solve_fixed(self._baseline.n_layers, self._baseline.d_model, k)
+        return self.matcher.solve(k, layers, ratio, self.ratio_tolerance)
 
     def _solve_baseline(self) -> ArchConfig:
         ref = self.reference
         if self.budget == ref.n_params()["total"]:
             return ref
-        solved = self._solve(1, ref.n_layers, ref.ffn.hidden / ref.d_model, ratio_tolerance=0.5)
+        solved = self.matcher.solve(1, ref.n_layers, ref.ffn.hidden / ref.d_model, ratio_tolerance=0.5)
         if isinstance(solved, str):
             raise UsageError(f"no conventional K=1 shape with layers={ref.n_layers} matches the budget "
                              f"{self.budget:,}: {solved}")
@@ -271,8 +188,7 @@ class HourglassSpace(SearchSpace):
         members: dict[str, tuple[ArchConfig, GridPoint | None]] = {self._baseline.key(): (self._baseline, None)}
         solution = _Solution(members, {}, [])
         for point in self.grid():
-            solved = (self._solve_fixed(point.k) if point.ratio is None
-                      else self._solve(point.k, point.layers, point.ratio, self.ratio_tolerance))
+            solved = self.solve(point.k, point.layers, point.ratio)
             if isinstance(solved, str):
                 solution.unmatched.append(Unmatched(point, solved))
                 continue

@@ -14,6 +14,7 @@ transaction that stores a trial's result has run its statements and dies before 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -210,13 +211,10 @@ def mount_tmpfs(path: Path, size: str) -> bool:
 def fill(folder: Path) -> Path:
     """Write a file until the file system is full."""
     filler = folder / "filler"
-    with open(filler, "wb") as f:
-        try:
-            while True:
-                f.write(b"\0" * 65536)
-                f.flush()
-        except OSError:
-            pass
+    with open(filler, "wb") as f, contextlib.suppress(OSError):  # ENOSPC ends the loop: the disk is full
+        while True:
+            f.write(b"\0" * 65536)
+            f.flush()
     return filler
 
 
