@@ -45,7 +45,7 @@ from runners.config import TrainConfig
 from runners.device import autocast, available_cores, set_threads
 from runners.distributed import Processes, all_sum, barrier, setup, teardown
 from runners.peak import measure_matmul_peak
-from runners.proxy import build_optimizer, lr_multiplier
+from runners.proxy import build_optimizer, lr_multiplier, update_average
 from runners.stream import TokenStream
 
 RUN_ONLY_FIELDS = ("threads", "device", "compile")  # how a run executes, not what it computes
@@ -216,9 +216,7 @@ def _run(arch: ArchConfig, cfg: TrainConfig, data: TokenData, options: RunOption
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if ema is not None:  # every rank holds the same weights after the step, hence the same average
-            with torch.no_grad():
-                for average, p in zip(ema, params):
-                    average.lerp_(p, 1.0 - cfg.ema_decay)
+            update_average(ema, params, cfg.ema_decay)
         train_loss = float(all_sum(loss_sum, processes)) / processes.world  # the global batch's mean loss
         train_time += time.perf_counter() - tick
         tokens = (step + 1) * cfg.tokens_per_step

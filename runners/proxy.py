@@ -151,6 +151,12 @@ def run(arch: ArchConfig, cfg: TrainConfig, data: TokenData, report: ReportFn | 
     return result
 
 
+@torch.no_grad()
+def update_average(average: list[torch.Tensor], params: list[torch.Tensor], decay: float) -> None:
+    """``a <- decay * a + (1 - decay) * p`` for every parameter, in one fused call (the step's weight average)."""
+    torch._foreach_lerp_(average, params, 1.0 - decay)
+
+
 def _train(model: Transformer, cfg: TrainConfig, data: TokenData, val: list, device: torch.device,
            report: ReportFn | None, result: TrialResult) -> None:
     steps = cfg.steps
@@ -184,9 +190,7 @@ def _train(model: Transformer, cfg: TrainConfig, data: TokenData, val: list, dev
         optimizer.zero_grad(set_to_none=True)
         schedule.step()
         if ema is not None:
-            with torch.no_grad():
-                for average, p in zip(ema, params):
-                    average.lerp_(p, 1.0 - cfg.ema_decay)
+            update_average(ema, params, cfg.ema_decay)
         loss_value = float(loss.detach())  # synchronises on CUDA
         train_time += time.perf_counter() - tick
         result.steps, result.tokens_seen = step + 1, (step + 1) * cfg.tokens_per_step
