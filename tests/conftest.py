@@ -31,6 +31,16 @@ def builtin_data(nas_cache: str):
     return load_data("builtin")
 
 
+@pytest.fixture(scope="session")
+def cpu_baseline_result(builtin_data):
+    """One trial of the default `cpu` proxy's baseline on the built-in data, shared by the tests that read it."""
+    from runners.presets import get_preset
+    from runners.proxy import run
+
+    preset = get_preset("cpu")
+    return run(preset.baseline, preset.train, builtin_data)
+
+
 @pytest.fixture
 def one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     """In-process searches train with one torch thread: on a busy 2-core box two threads wait on each other at

@@ -105,7 +105,7 @@ def test_nas_report_reads_a_study_that_a_search_is_writing(tmp_path):
     search's workers write."""
     storage = sqlite_url(tmp_path / "nas.db")
     log = tmp_path / "search.log"
-    search = start_nas("search", *SPACE5, *TINY, "--tokens", "4k", "--trials", "40", "--storage", storage,
+    search = start_nas("search", *SPACE5, *TINY, "--tokens", "4k", "--trials", "16", "--storage", storage,
                        "--study-name", "live", cwd=tmp_path, log=log, cores=None)
     reports = 0
     try:

@@ -35,11 +35,10 @@ def test_same_seed_gives_the_same_loss_curve(builtin_data) -> None:
 
 
 @pytest.mark.slow
-def test_default_proxy_trial_learns_real_text(builtin_data) -> None:
+def test_default_proxy_trial_learns_real_text(cpu_baseline_result) -> None:
     """The `cpu` preset's baseline must get 2.2 nats/byte below the uniform guess ln 256 = 5.55 (it reaches ~2.9,
     below the unigram entropy of Python source, 3.18; seeds spread by ~0.1)."""
-    preset = get_preset("cpu")
-    result = run(preset.baseline, preset.train, builtin_data)
+    preset, result = get_preset("cpu"), cpu_baseline_result
     assert result.status == "ok", result.reason
     assert result.tokens_seen == preset.train.tokens
     assert result.val_loss < math.log(256) - 2.2, result.eval_curve

@@ -234,7 +234,7 @@ def test_objectives_loss_and_tokens_per_s_give_a_minimise_maximise_study(tmp_pat
     assert study.best_trials  # the Pareto front of loss against speed
 
 
-def test_a_cpu_long_trial_trains_eight_times_the_tokens_and_ends_lower(builtin_data):
+def test_a_cpu_long_trial_trains_eight_times_the_tokens_and_ends_lower(builtin_data, cpu_baseline_result):
     """One trial of the `cpu-long` preset (262k tokens, lr 6e-3) against the default `cpu` proxy, same shape."""
     from runners.proxy import run
 
@@ -243,5 +243,5 @@ def test_a_cpu_long_trial_trains_eight_times_the_tokens_and_ends_lower(builtin_d
     result = run(long.baseline, long.train, builtin_data)
     assert result.status == "ok" and result.tokens_seen == long.train.tokens == 262_144
     assert [tokens for tokens, _ in result.eval_curve] == [65_536, 131_072, 196_608, 262_144]
-    reference = run(short.baseline, short.train, builtin_data)
+    reference = cpu_baseline_result  # the same shape, trained by the `cpu` preset
     assert result.val_loss < reference.val_loss - 0.1, (result.val_loss, reference.val_loss)
