@@ -16,6 +16,26 @@ from pathlib import Path
 import pytest
 
 
+def _pin_xdist_worker() -> None:
+    """Under ``pytest -n N`` (pytest-xdist), worker ``i`` gets its own slice of the cores, before torch is imported.
+
+    Each worker is then a serial lane of its own: its in-process trainings and the ``nas`` subprocesses its
+    tests start (they inherit the affinity, or pin themselves inside it, ``search_helpers.on_cores``) never
+    share a core with the other lane's. Two torch processes on one core wait on each other at every op."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not worker or not count:
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    index, lanes = int(worker.removeprefix("gw")), int(count)
+    if lanes > len(cores):
+        return
+    share = cores[index * len(cores) // lanes:(index + 1) * len(cores) // lanes]
+    os.sched_setaffinity(0, share)
+
+
+_pin_xdist_worker()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def nas_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
     """Every test (and every subprocess it starts) shares one builtin-data cache, built once."""
