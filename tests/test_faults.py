@@ -9,7 +9,7 @@ this is in the tool itself): ``training`` (at a random intermediate evaluation),
 evaluation`` (inside the last evaluation, before any result is written), ``result write`` (the
 transaction that stores a trial's result has run its statements and dies before its commit), and
 ``anytime`` (a timer at a random moment, startup and storage reads included). The four kill loops
-run side by side, one per core. With ``--workers
+run side by side, one per core the test process may use. With ``--workers
 2`` the whole process group, or one worker, is killed from outside at a random moment.
 """
 
@@ -149,7 +149,8 @@ def test_searches_killed_again_and_again_at_random_points_resume_to_exactly_the_
     """Four studies, one per first kill point, each killed up to five times and resumed (``kill_loop``).
 
     The studies are independent and each pins its processes to one core, so they run side by side, one
-    per core (two at a time on a 2-core machine): the same kills in half the wall time."""
+    per core this process may use (one at a time in a pytest-xdist lane of one core, two at a time in a
+    serial run on 2 cores)."""
     cores: queue.SimpleQueue[int] = queue.SimpleQueue()
     for core in sorted(os.sched_getaffinity(0)):
         cores.put(core)
