@@ -17,7 +17,7 @@ import pandas as pd
 from optuna.trial import FrozenTrial, TrialState
 
 from nas.arch import format_plateaus
-from nas.study.records import RESULT_FAILURES, ShapeScores, counts, is_duplicate, scores_by_shape
+from nas.study.records import RESULT_FAILURES, ShapeScores, counts, is_duplicate, scores_by_shape, unreadable_attr
 from reports.leaderboard import leaderboard_of
 
 TRIAL_COLUMNS = ("number", "state", "counted", "key", "seed", "role", "heads", "plateaus", "k", "d_h", "d_model",
@@ -35,10 +35,11 @@ class StudyData:
     trials: list[FrozenTrial]
     frame: pd.DataFrame  # one row per trial (TRIAL_COLUMNS)
     scores: dict[str, ShapeScores]  # completed trainings per shape (nas.study.records.scores_by_shape)
-    board: pd.DataFrame  # the leaderboard: one row per shape, ranked by mean loss
+    board: pd.DataFrame  # the leaderboard: one row per shape, ranked by seed-adjusted loss
     baseline_key: str | None
     attrs: dict[str, Any] = field(default_factory=dict)  # the study's user attrs
     reruns: pd.DataFrame | None = None  # full-scale re-runs (nas rerun), one row per run; None when there are none
+    skipped: list[str] = field(default_factory=list)  # one warning per trial whose stored attrs are unreadable
 
     @property
     def identity(self) -> dict[str, Any]:
@@ -106,11 +107,31 @@ def read_study(study: optuna.Study, reruns: pd.DataFrame | None = None) -> Study
 def study_data(name: str, directions: list[optuna.study.StudyDirection], trials: list[FrozenTrial],
                attrs: dict[str, Any], reruns: pd.DataFrame | None = None) -> StudyData:
     """A snapshot from trials and the study's user attrs (what ``read_study`` reads; simulations build them)."""
+    trials, skipped = readable_trials(trials)
     frame = pd.DataFrame([_row(t) for t in trials], columns=list(TRIAL_COLUMNS))
     baseline_key = attrs.get("nas:baseline_key")
     return StudyData(name=name, directions=directions, trials=trials, frame=frame, scores=scores_by_shape(trials),
                      board=leaderboard_of(trials, baseline_key), baseline_key=baseline_key, attrs=attrs,
-                     reruns=reruns)
+                     reruns=reruns, skipped=skipped)
+
+
+def readable_trials(trials: list[FrozenTrial]) -> tuple[list[FrozenTrial], list[str]]:
+    """The trials with each unreadable one (``nas.study.records.unreadable_attr``) replaced by a failed stand-in
+    that keeps its number (status ``unreadable``, counted nowhere), and one warning per stand-in."""
+    kept, skipped = [], []
+    for trial in trials:
+        problem = unreadable_attr(trial, len(trials))
+        if problem is None:
+            kept.append(trial)
+            continue
+        name, why = problem
+        skipped.append(f"trial #{trial.number} skipped: its stored attribute {name!r} {why}")
+        stand_in = optuna.trial.create_trial(state=TrialState.FAIL, user_attrs={
+            "status": "unreadable", "reason": f"stored attribute {name!r} {why}"})
+        stand_in.number = trial.number
+        stand_in.datetime_start, stand_in.datetime_complete = trial.datetime_start, trial.datetime_complete
+        kept.append(stand_in)
+    return kept, skipped
 
 
 def outcome_counts(data: StudyData) -> dict[str, int]:
@@ -127,6 +148,8 @@ def outcome_counts(data: StudyData) -> dict[str, int]:
             name = "duplicates"
         elif t.user_attrs.get("surplus"):
             name = "surplus"
+        elif status == "unreadable":
+            name = "unreadable (skipped)"
         elif t.state == TrialState.COMPLETE:
             name = "complete"
         elif t.state == TrialState.PRUNED:
@@ -139,3 +162,37 @@ def outcome_counts(data: StudyData) -> dict[str, int]:
             name = t.state.name.lower()
         tally[name] = tally.get(name, 0) + 1
     return tally
+
+
+def common_seeds(data: StudyData, key: str) -> tuple[int, ...]:
+    """The seeds on which both ``key`` and the baseline completed a training (all of ``key``'s for the baseline).
+
+    What compares two shapes' curves or attention distances: on a common seed both saw the same
+    batches, so a seed's luck (0.1 nats on the default proxy) does not pass for a gain.
+    """
+    shape = data.scores.get(key)
+    if shape is None:
+        return ()
+    base = data.scores.get(data.baseline_key) if data.baseline_key is not None else None
+    mine = sorted(set(shape.seeds))
+    return tuple(mine if base is None or key == data.baseline_key else sorted(set(mine) & set(base.seeds)))
+
+
+def trials_on(data: StudyData, key: str, seeds: tuple[int, ...] | None = None) -> list[FrozenTrial]:
+    """``key``'s completed trainings (all of them, or those on ``seeds``) in trial order."""
+    scores = data.scores.get(key)
+    if scores is None:
+        return []
+    chosen = {n for n, seed in zip(scores.trials, scores.seeds) if seeds is None or seed in seeds}
+    return [t for t in data.trials if t.number in chosen and t.state == TrialState.COMPLETE]
+
+
+def seeds_text(seeds: tuple[int, ...]) -> str:
+    """``seed 0``, ``seeds 0-8`` or ``seeds 0, 3, 5``: which seeds a curve or a mean is over."""
+    if not seeds:
+        return "no seed"
+    if len(seeds) == 1:
+        return f"seed {seeds[0]}"
+    if list(seeds) == list(range(seeds[0], seeds[-1] + 1)):
+        return f"seeds {seeds[0]}-{seeds[-1]}"
+    return "seeds " + ", ".join(map(str, seeds))

@@ -40,6 +40,9 @@ def summary_section(data: StudyData, summary: Summary) -> Section:
     if summary.gain is not None and summary.gain.pooled:
         html += ('<p class="note">The interval of the best shape uses the study\'s pooled paired-difference sd: '
                  "it has one paired seed besides the one that selected it.</p>")
+    if data.skipped:
+        html += ('<p class="note">Left out of every figure and number, their stored attributes being unreadable: '
+                 + "; ".join(text(line) for line in data.skipped) + ".</p>")
     return Section("summary", "Summary", "Read off the answer: the best shape against the uniform baseline "
                    "(paired gain on common seeds, leaving out the seed that selected it), and what is tied with it.",
                    html=html)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sqlite3
 from pathlib import Path
 
 import optuna
@@ -234,6 +235,95 @@ def test_shape_files_that_are_no_shape(workdir, text, command):
     args = (["train", "--config", str(path), "--preset", "tiny", "--tokens", "256"] if command == "train"
             else ["space", "show", "--config", str(path), "--layers", "4", "--d-model", "32", "--heads", "4"])
     check_usage_error(workdir, args)
+
+
+# ----------------------------------------------------------------- studies in the storage, not only command lines
+STORED = settings(FUZZ, max_examples=40)
+BROKEN_ATTRS = {
+    "val_loss": ["2.9", [], {"x": 1}, True], "heads": ["4,4,4,4", [0, 4, 4, 4], [], [4.5] * 4, "x", {"4": 4}],
+    "seed": ["0", -1, 1.5, None, [0]], "key": [3, [], {"k": 1}], "role": [3, ["member"]],
+    "arch": [{"x": 1}, "x", [], {"n_layers": 0}], "eval_curve": [{"a": 1}, "x", [[1]], [["a", 1]]],
+    "attention_distance": ["x", [None], {}], "duplicate_of": [-1, 10**6, "3", None], "tokens_per_s": ["fast"],
+    "params": ["1M"], "status": [0, ["ok"]],
+}
+READERS = [["best"], ["best", "--format", "json"], ["export"], ["report", "--plotlyjs", "cdn"]]
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory) -> Path:
+    """A shape search of 12 trials and an ordinary Optuna study side by side, in one file that each example copies."""
+    path = tmp_path_factory.mktemp("stored") / "pristine.db"
+    synthetic_study(SyntheticSpec(space="prism", preset="tiny", trials=12), storage=f"sqlite:///{path}",
+                    name="shapes")
+    sweep = optuna.create_study(storage=f"sqlite:///{path}", study_name="sweep")
+    sweep.optimize(lambda trial: trial.suggest_float("x", -1, 1) ** 2, n_trials=3)
+    return path
+
+
+def edited_copy(pristine: Path, folder: Path, sql: str, args: tuple) -> str:
+    folder.mkdir(exist_ok=True)
+    copy = folder / "edited.db"
+    copy.write_bytes(pristine.read_bytes())
+    with sqlite3.connect(copy) as db:
+        db.execute(sql, args)
+    return f"sqlite:///{copy}"
+
+
+def read_back(storage: str, folder: Path, reader: list[str], study: str):
+    INPUTS_TRIED["count"] += 1
+    out = ["-o", str(folder / "r.html")] if reader[0] == "report" else []
+    result = CliRunner().invoke(app, [*reader, "--storage", storage, "--study-name", study, *out])
+    assert result.exception is None or isinstance(result.exception, SystemExit), (reader, result.exception)
+    assert "Traceback" not in result.output, result.output[-2000:]
+    return result
+
+
+@STORED
+@given(number=st.integers(0, 11), name=st.sampled_from(sorted(BROKEN_ATTRS)), data=st.data(),
+       reader=st.sampled_from(READERS))
+def test_a_trial_with_an_unreadable_attribute_is_skipped_with_one_warning(pristine, tmp_path_factory, number, name,
+                                                                         data, reader):
+    value = data.draw(st.sampled_from(BROKEN_ATTRS[name]))
+    folder = tmp_path_factory.getbasetemp() / "stored-edits"
+    storage = edited_copy(pristine, folder, "INSERT OR REPLACE INTO trial_user_attributes (trial_id, key, value_json) "
+                          "SELECT trial_id, ?, ? FROM trials WHERE number = ? AND study_id = 1",
+                          (name, json.dumps(value), number))
+    result = read_back(storage, folder, reader, "shapes")
+    assert result.exit_code == 0, (name, value, result.output[-2000:])
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 1 and f"trial #{number} " in warnings[0] and repr(name) in warnings[0], result.stderr
+    if reader[0] == "report":
+        assert (folder / "r.html").stat().st_size > 0
+
+
+@STORED
+@given(number=st.integers(0, 11), name=st.sampled_from(["key", "heads", "arch", "seed", "val_loss"]),
+       reader=st.sampled_from(READERS))
+def test_a_trial_missing_an_attribute_is_read_or_skipped_never_a_crash(pristine, tmp_path_factory, number, name,
+                                                                      reader):
+    folder = tmp_path_factory.getbasetemp() / "stored-deletes"
+    storage = edited_copy(pristine, folder, "DELETE FROM trial_user_attributes WHERE key = ? AND trial_id = "
+                          "(SELECT trial_id FROM trials WHERE number = ? AND study_id = 1)", (name, number))
+    result = read_back(storage, folder, reader, "shapes")
+    assert result.exit_code == 0, (name, result.output[-2000:])
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) <= 1 and all(f"trial #{number} " in w and repr(name) in w for w in warnings), result.stderr
+
+
+@STORED
+@given(attr=st.sampled_from(["nas:identity", "nas:baseline_key"]), value=JSON_VALUES, reader=st.sampled_from(READERS))
+def test_a_study_that_is_no_shape_search_is_refused_in_one_line(pristine, tmp_path_factory, attr, value, reader):
+    folder = tmp_path_factory.getbasetemp() / "stored-studies"
+    if attr == "nas:identity" and isinstance(value, dict):
+        value = {**value, "space": "not a description"}
+    if attr == "nas:baseline_key" and isinstance(value, str):
+        value = [value]
+    storage = edited_copy(pristine, folder, "UPDATE study_user_attributes SET value_json = ? WHERE key = ?",
+                          (json.dumps(value), attr))
+    for study in ("sweep", "shapes"):  # another tool's study; a shape search whose description was overwritten
+        result = read_back(storage, folder, reader, study)
+        lines = result.stderr.splitlines()
+        assert result.exit_code == 2 and len(lines) == 1 and "is not a shape search" in lines[0], result.output
 
 
 def test_at_least_a_thousand_inputs_were_tried():

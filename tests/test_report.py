@@ -15,8 +15,10 @@ from nas.arch import uniform
 from nas.cli import app
 from nas.study.records import shape_attrs
 from reports.frame import outcome_counts, read_study
+from reports.attention import attention_section
 from reports.html import build_report
 from reports.summary import summarise
+from reports.training import training_section
 
 SECTIONS = ("summary", "leaderboard", "staircases", "width-depth", "dynamics", "training", "attention", "reruns")
 
@@ -202,4 +204,34 @@ def test_nas_report_without_a_study_name_lists_the_studies(tmp_path):
     for name in ("alpha", "beta"):
         synthetic_study(SyntheticSpec(space="prism", trials=3), storage=storage, name=name)
     result = CliRunner().invoke(app, ["report", "--storage", storage])
-    assert result.exit_code == 2 and "holds 2 studies (alpha, beta)" in result.stderr
+    assert result.exit_code == 2, result.output
+    assert "holds 2 shape searches; its studies: alpha (shape search), beta (shape search)" in result.stderr
+
+
+def test_training_curves_and_attention_distances_are_compared_on_common_seeds():
+    # seed 0 is 0.11 nats luckier than the baseline's other eight seeds; a shape trained on seed 0 alone that
+    # learns exactly as the baseline does on seed 0 must show no head start (not "0.45x the tokens")
+    study = optuna.create_study(study_name="lucky-seed")
+    base, shape = uniform(4, 32, 4, 256), uniform(4, 32, 4, 256).replace(heads=[2, 2, 4, 4])
+    study.set_user_attr("nas:baseline_key", base.key())
+
+    def add(arch, seed: int, role: str) -> None:
+        final = 3.0 - (0.11 if seed == 0 else 0.0)
+        curve = [[t, final + 2.4 * (1 - t / 4096) ** 2] for t in (1024, 2048, 3072, 4096)]
+        distances = [1.0, 2.0, 3.0, 4.0] if seed == 0 else [2.0, 3.0, 4.0, 5.0]
+        study.add_trial(optuna.trial.create_trial(value=final, user_attrs={
+            **shape_attrs(arch, seed, role), "val_loss": final, "eval_curve": curve, "train_curve": curve,
+            "attention_distance": distances}))
+
+    for seed in range(9):
+        add(base, seed, "baseline" if seed == 0 else "replicate")
+    add(shape, 0, "member")
+    data = read_study(study)
+    html = training_section(data).html
+    rows = re.findall(r"<tr>(.*?)</tr>", html, re.S)
+    shape_row = next(unescape(r) for r in rows if "h=2x2,4x2" in r)
+    assert "seed 0<" in shape_row and "1.00x" in shape_row and "2.8900" in shape_row, shape_row
+    names = [trace.name for trace in training_section(data).figures[0].data]
+    assert "baseline (seed 0)" in names and any(n.endswith("(seed 0)") and n.startswith("h=2x2") for n in names)
+    (delta,) = attention_section(data).figures[1].data
+    assert list(delta.y) == [0.0, 0.0, 0.0, 0.0] and delta.name.endswith("(seed 0)")

@@ -4,17 +4,42 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from nas.cli.app import app
 from nas.cli.options import StorageOpt, StudyOpt, TableOrJson, choices
 from nas.errors import UsageError
-from nas.study.config import DEFAULT_STORAGE
+from nas.study.config import DEFAULT_STORAGE, display_url
+
+if TYPE_CHECKING:
+    from reports.frame import StudyData
 
 TopOpt = Annotated[int, typer.Option("--top", help="How many shapes (the baseline is always shown).")]
 PlotlyJs = choices("PlotlyJs", ("inline", "cdn"))
+
+
+def warn_skipped(data: StudyData) -> None:
+    """One warning line on stderr per trial whose stored attrs could not be read (``reports.frame.readable_trials``)."""
+    for line in data.skipped:
+        typer.echo(f"warning: {line}", err=True)
+
+
+@app.command()
+def studies(storage: StorageOpt = DEFAULT_STORAGE) -> None:
+    """List the storage's studies: which are shape searches (what `nas best`, `nas report` and `nas export` read),
+    which hold full-scale re-runs, and which another tool made."""
+    from nas.study.storage import list_studies, make_storage
+
+    listed = list_studies(make_storage(storage, read_only=True))
+    if not listed:
+        typer.echo(f"{display_url(storage)} holds no study yet")
+        return
+    width = max(len(name) for name, _, _ in listed)
+    typer.echo(f"{'study':<{width}}  {'trials':>6}  kind")
+    for name, kind, n in listed:
+        typer.echo(f"{name:<{width}}  {n:>6}  {kind}")
 
 
 @app.command()
@@ -35,6 +60,7 @@ def best(
     if top < 1:
         raise UsageError(f"--top {top} is invalid: give at least 1")
     data = read_study(load_existing_study(storage, study_name))
+    warn_skipped(data)
     rows = export_rows(data, top)
     if format.value == "json":
         typer.echo(json.dumps(rows, indent=2))
@@ -83,6 +109,7 @@ def report(
         raise UsageError(f"-o {str(output)!r}: its folder {str(output.parent)!r} does not exist")
     study, store = open_existing_study(storage, study_name)
     data = read_study(study, read_reruns(store, study.study_name))
+    warn_skipped(data)
     try:
         path, seconds = write_report(data, output, top, plotlyjs.value)
     except OSError as error:
@@ -109,7 +136,9 @@ def export(
         raise UsageError(f"--top {top} is invalid: give at least 1")
     if output is not None and output.is_dir():
         raise UsageError(f"-o {str(output)!r} is a directory: give a file name such as best.json")
-    rows = export_rows(read_study(load_existing_study(storage, study_name)), top)
+    data = read_study(load_existing_study(storage, study_name))
+    warn_skipped(data)
+    rows = export_rows(data, top)
     text = json.dumps(rows, indent=2)
     if output is None:
         typer.echo(text)

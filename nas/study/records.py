@@ -132,7 +132,7 @@ def scores_by_shape(trials: Iterable[FrozenTrial]) -> dict[str, ShapeScores]:
     """Every shape's ``ShapeScores``, in the order of each shape's first completed trial.
 
     The one place a shape's mean over seeds is computed: the progress line, the replicate planner
-    and the leaderboard all rank shapes by it.
+    and the leaderboard all rank shapes by it, put on the baseline's seeds (``seed_adjusted_means``).
     """
     grouped: dict[str, list[FrozenTrial]] = {}
     for t in sorted(trials, key=lambda t: t.number):
@@ -141,3 +141,68 @@ def scores_by_shape(trials: Iterable[FrozenTrial]) -> dict[str, ShapeScores]:
     return {key: ShapeScores(key, tuple(t.number for t in group),
                              tuple(int(t.user_attrs.get("seed", 0)) for t in group), tuple(loss_of(t) for t in group))
             for key, group in grouped.items()}
+
+
+# ----------------------------------------------------------------- reading stored attrs back
+NUMBER_ATTRS = ("val_loss", "params", "tokens_per_s", "wall_time_s", "d_model", "layers", "k", "d_h",
+                "d_model_per_layer", "d_h_over_d_model")
+TEXT_ATTRS = ("key", "role", "status", "reason")
+CURVE_ATTRS = ("eval_curve", "train_curve")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_curve(value: Any) -> bool:
+    """``[[tokens, loss or null], ...]``, as ``nas.study.trial.result_attrs`` writes it."""
+    return isinstance(value, list) and all(
+        isinstance(p, (list, tuple)) and len(p) == 2 and _is_number(p[0]) and (p[1] is None or _is_number(p[1]))
+        for p in value)
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def unreadable_attr(trial: FrozenTrial, n_trials: int) -> tuple[str, str] | None:
+    """``(attribute, why)`` for the first stored attribute of ``trial`` that a report cannot read, else None.
+
+    A trial of a study that ``nas search`` wrote reads back as that format (the module docstring);
+    one whose attrs were edited by hand, or written by another version of the tool, may not: a
+    ``val_loss`` that is a string, a trained trial without its ``heads``. ``n_trials`` is the
+    study's trial count (a ``duplicate_of`` must name one of its trials).
+    """
+    a = trial.user_attrs
+    for name in TEXT_ATTRS:
+        if name in a and a[name] is not None and not isinstance(a[name], str):
+            return name, f"is {_shown(a[name])}, not a string"
+    for name in NUMBER_ATTRS:
+        if a.get(name) is not None and not _is_number(a[name]):
+            return name, f"is {_shown(a[name])}, not a number"
+    if "seed" in a and (not isinstance(a["seed"], int) or isinstance(a["seed"], bool) or a["seed"] < 0):
+        return "seed", f"is {_shown(a['seed'])}, not a whole number >= 0"
+    for name in CURVE_ATTRS:
+        if a.get(name) is not None and not _is_curve(a[name]):
+            return name, f"is {_shown(a[name])}, not a list of [tokens, loss] pairs"
+    distances = a.get("attention_distance")
+    if distances is not None and not (isinstance(distances, list) and all(map(_is_number, distances))):
+        return "attention_distance", f"is {_shown(distances)}, not a list of numbers"
+    if "duplicate_of" in a:
+        original = a["duplicate_of"]
+        if not isinstance(original, int) or isinstance(original, bool) or not 0 <= original < n_trials \
+                or original == trial.number:
+            return "duplicate_of", f"is {_shown(original)}, not the number of another trial of the study"
+    for name in ("key", "heads", "arch") if counts(trial) else ():
+        if name not in a:
+            return name, "is missing (a trained trial records its shape)"
+    if a.get("heads") is not None and not (isinstance(a["heads"], list) and a["heads"] and all(
+            isinstance(h, int) and not isinstance(h, bool) and h > 0 for h in a["heads"])):
+        return "heads", f"is {_shown(a['heads'])}, not a list of head counts"
+    if a.get("arch") is not None:
+        try:
+            ArchConfig.from_dict(a["arch"])
+        except Exception as error:  # noqa: BLE001 - any way a stored shape fails to build is unreadable
+            return "arch", f"is not a shape ({str(error).splitlines()[0][:80] if str(error) else type(error).__name__})"
+    return None

@@ -169,26 +169,54 @@ def write_user_attrs(storage: optuna.storages.BaseStorage, trial: optuna.Trial, 
             trial.set_user_attr(key, value)
 
 
+def study_kind(user_attrs: dict[str, Any]) -> str:
+    """What a stored study is, from the user attrs its maker set: ``shape search`` (``nas search``: its
+    ``nas:identity`` and ``nas:baseline_key``), ``re-runs of <study>`` (``nas rerun``), or ``not a shape search``
+    (any other Optuna study sharing the storage: a learning-rate sweep, another tool's)."""
+    if user_attrs.get("nas:rerun_of"):
+        return f"re-runs of {user_attrs['nas:rerun_of']}"
+    identity = user_attrs.get("nas:identity")
+    if isinstance(identity, dict) and isinstance(identity.get("space"), dict) \
+            and isinstance(user_attrs.get("nas:baseline_key"), str):
+        return SHAPE_SEARCH
+    return NOT_A_SHAPE_SEARCH
+
+
+SHAPE_SEARCH, NOT_A_SHAPE_SEARCH = "shape search", "not a shape search"
+
+
+def list_studies(storage: optuna.storages.BaseStorage) -> list[tuple[str, str, int]]:
+    """(name, ``study_kind``, number of trials) of every study in ``storage``, in the order it holds them."""
+    return [(s.study_name, study_kind(s.user_attrs), s.n_trials)
+            for s in optuna.get_all_study_summaries(storage, include_best_trial=False)]
+
+
 def load_existing_study(url: str, study_name: str | None) -> optuna.Study:
     """An existing study, read-only (``open_existing_study``)."""
     return open_existing_study(url, study_name)[0]
 
 
 def open_existing_study(url: str, study_name: str | None) -> tuple[optuna.Study, optuna.storages.RDBStorage]:
-    """An existing study and its storage, opened read-only: ``study_name``, or the storage's only study.
+    """An existing shape search and its storage, opened read-only: ``study_name``, or the storage's only one.
 
-    ``UsageError`` naming the studies the storage holds when ``study_name`` is missing from it,
-    or when it is None and the storage holds none or several.
+    ``UsageError`` naming the studies the storage holds (and which of them are shape searches) when
+    ``study_name`` is missing from it, is a study that ``nas search`` did not make, or is None while the
+    storage holds no shape search or several.
     """
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = make_storage(url, read_only=True)
-    names = [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)
-             if not s.user_attrs.get("nas:rerun_of")]  # a study's full-scale re-runs live beside it
+    studies = {name: kind for name, kind, _ in list_studies(storage)}
+    searches = [name for name, kind in studies.items() if kind == SHAPE_SEARCH]
+    listing = ", ".join(f"{name} ({kind})" for name, kind in studies.items()) or "none"
     if study_name is None:
-        if len(names) != 1:
-            raise UsageError(f"give --study-name: {display_url(url)} holds {len(names)} studies"
-                             + (f" ({', '.join(names)})" if names else ""))
-        study_name = names[0]
-    if study_name not in names:
-        raise UsageError(f"no study {study_name!r} in {display_url(url)}; it holds: {', '.join(names) or 'none'}")
+        if len(searches) != 1:
+            raise UsageError(f"give --study-name: {display_url(url)} holds {len(searches)} shape searches; "
+                             f"its studies: {listing}")
+        study_name = searches[0]
+    if study_name not in studies:
+        raise UsageError(f"no study {study_name!r} in {display_url(url)}; its studies: {listing}")
+    if studies[study_name] != SHAPE_SEARCH:
+        raise UsageError(f"study {study_name!r} in {display_url(url)} is {studies[study_name]}: `nas search` did "
+                         f"not make it, so it has no shapes to rank; shape searches there: "
+                         f"{', '.join(searches) or 'none'} (nas studies lists them all)")
     return optuna.load_study(study_name=study_name, storage=storage), storage
