@@ -87,10 +87,11 @@ def _free_port() -> int:
 
 @dataclass
 class PostgresServer:
-    """A running throw-away server: its URL (no database) and a restart for fault tests."""
+    """A running throw-away server: its URL (no database), and a stop and start for fault tests."""
 
     url: str
-    restart: Callable[[], None]
+    stop: Callable[[], None]
+    start: Callable[[], None]
 
 
 @pytest.fixture(scope="session")
@@ -114,12 +115,14 @@ def postgres_control() -> Iterator[PostgresServer]:
     pg("initdb", "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
     pg("pg_ctl", "-D", str(data), "-l", str(root / "server.log"), "-w", "-t", "60", "start", "-o", options)
 
-    def restart() -> None:  # fast: every open connection is terminated, as when a server restarts for real
-        pg("pg_ctl", "-D", str(data), "-l", str(root / "server.log"), "-w", "-t", "60", "-m", "fast", "restart",
-           "-o", options)
+    def stop() -> None:  # fast: every open connection is terminated, as when a server goes down for real
+        pg("pg_ctl", "-D", str(data), "-w", "-t", "60", "-m", "fast", "stop")
+
+    def start() -> None:
+        pg("pg_ctl", "-D", str(data), "-l", str(root / "server.log"), "-w", "-t", "60", "start", "-o", options)
 
     try:
-        yield PostgresServer(f"postgresql://postgres@127.0.0.1:{port}", restart)
+        yield PostgresServer(f"postgresql://postgres@127.0.0.1:{port}", stop, start)
     finally:
         pg("pg_ctl", "-D", str(data), "-m", "immediate", "stop")
         shutil.rmtree(root, ignore_errors=True)

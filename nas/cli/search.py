@@ -86,7 +86,8 @@ def search(
                                          seed=seed, device=device, dtype=dtype, compile=compile, threads=threads))
     precheck(config)  # before torch is imported: a mistyped option is reported at once
     from nas.cli.progress import Progress
-    from nas.study.parallel import interruptible, run_search
+    from nas.study.parallel import run_search
+    from nas.study.signals import interruptible
     from nas.study.storage_faults import first_line, storage_failure
     from nas.study.worker import SearchAborted, trials_done
 

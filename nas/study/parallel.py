@@ -12,7 +12,6 @@ import multiprocessing
 import os
 import queue as queue_module
 import signal
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -20,30 +19,10 @@ from typing import Any
 from nas.errors import UsageError
 from nas.study.config import SearchConfig
 from nas.study.session import Search, open_search
+from nas.study.signals import Terminated, interruptible
 from nas.study.trial import POLL_S
 from nas.study.worker import SearchAborted, TrialEvent, run_worker, trials_done
 from runners.distributed import die_with_parent
-
-
-def interruptible() -> None:
-    """Make SIGINT and SIGTERM raise ``KeyboardInterrupt``: a clean stop, the running trial re-queued.
-
-    A shell starts background jobs (``nas search ... &``, ``nohup``) with SIGINT ignored, and
-    Python then leaves it ignored; ``kill -INT`` must still stop a search as Ctrl-C does in a
-    terminal. SIGTERM (``kill``, a batch scheduler's notice before SIGKILL) stops it the same way
-    instead of leaving the trial to be found stale after the heartbeat grace period.
-    """
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, _terminated)
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, handled as Ctrl-C is; unlike Ctrl-C in a terminal, it reached this process alone."""
-
-
-def _terminated(signum: int, frame: Any) -> None:
-    raise Terminated(f"signal {signum}")
 
 
 def _interrupt_workers(processes: list, queue: Any, grace_s: float = 3.0) -> None:

@@ -28,6 +28,7 @@ from nas.study.planning import plan_next
 from nas.study.records import counts, in_flight, scores_by_shape, seed_adjusted_means
 from nas.study.recovery import fail_abandoned, fail_stale, mark_interrupted, requeue
 from nas.study.session import Search
+from nas.study.signals import interrupts_deferred
 from nas.study.storage_faults import storage_failure, wait_for_storage
 from nas.study.trial import POLL_S, run_trial
 from reports.dashboard_note import NoteRefresher
@@ -91,7 +92,8 @@ def run_worker(search: Search, on_event: Callable[[TrialEvent], None] | None = N
                 time.sleep(POLL_S)  # the rest is running elsewhere; stay in case one of them fails
                 continue
             plan = plan_next(search, trials)
-            trial = study.ask()  # a queued trial if there is one, else a fresh one that ``plan`` or a sampler fills
+            with interrupts_deferred():  # a signal inside ``ask`` is delivered once ``trial`` holds what it made
+                trial = study.ask()  # a queued trial if there is one, else a fresh one that ``plan`` or a sampler fills
             started = time.perf_counter()
             state, loss, reason = "error", None, None
             arch, seed, role = search.baseline, search.train.seed, "sampled"
@@ -107,9 +109,6 @@ def run_worker(search: Search, on_event: Callable[[TrialEvent], None] | None = N
                     state, arch, seed, role, loss = run_trial(search, trial, heartbeat, plan, duplicate_streak, trials)
                 except TrialLost as lost:  # another worker failed it as stale and re-queued it: nothing to tell
                     state, reason = "stale", str(lost)
-                except KeyboardInterrupt:
-                    mark_interrupted(study, trial)
-                    raise
                 except UsageError:
                     study.tell(trial, state=TrialState.FAIL)
                     raise
@@ -133,6 +132,12 @@ def run_worker(search: Search, on_event: Callable[[TrialEvent], None] | None = N
                 if on_event is not None:
                     on_event(_event(search, study.get_trials(deepcopy=False), *finished))
                 raise SearchAborted(f"{MAX_ERROR_STREAK} trials in a row failed with an error; last: {reason}")
+        except KeyboardInterrupt:
+            # anywhere from ``ask`` on (a trial told already is left as told): re-queued, a second signal held off
+            if trial is not None:
+                with interrupts_deferred():
+                    mark_interrupted(study, trial)
+            raise
         except Exception as error:
             failure = storage_failure(error)
             if failure is None:

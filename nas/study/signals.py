@@ -1,0 +1,61 @@
+"""The signals that stop a search cleanly, and the storage writes they must not cut in half.
+
+SIGINT (Ctrl-C, ``kill -INT``) and SIGTERM (``kill``, a batch scheduler's notice before SIGKILL)
+raise ``KeyboardInterrupt`` in the worker, whose handler marks the running trial interrupted and
+re-queues it. Python runs a signal's handler between any two bytecodes, so a signal that lands
+inside ``study.ask()`` after the storage has committed the new RUNNING trial, but before the
+worker holds it, would leave that trial RUNNING with nobody to re-queue it (until its heartbeat,
+which never started, is found missing). ``interrupts_deferred`` closes such windows: a signal
+that arrives inside it is delivered when it ends, once the worker knows what it holds.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled as Ctrl-C is; unlike Ctrl-C in a terminal, it reached this process alone."""
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise Terminated(f"signal {signum}")
+
+
+def interruptible() -> None:
+    """Make SIGINT and SIGTERM raise ``KeyboardInterrupt``: a clean stop, the running trial re-queued.
+
+    A shell starts background jobs (``nas search ... &``, ``nohup``) with SIGINT ignored, and
+    Python then leaves it ignored; ``kill -INT`` must still stop a search as Ctrl-C does in a
+    terminal. SIGTERM stops it the same way instead of leaving the trial to be found stale after
+    the heartbeat grace period.
+    """
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, _terminated)
+
+
+@contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM while the block runs; deliver the first one that came, as it came, when it ends.
+
+    Off the main thread (where Python delivers no signal) it does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous = {signum: signal.signal(signum, lambda signum, frame: held.append(signum)) for signum in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if held:
+            signal.raise_signal(held[0])  # the restored handler runs now: KeyboardInterrupt, Terminated, or nothing
