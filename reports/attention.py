@@ -4,8 +4,10 @@
 the keys it reads, averaged over heads and positions: small is local, large is global. The
 Prism paper finds wide-head early layers attend more locally and the schedule's transition
 layers line up with the change. Drawn: ``D_l`` per layer (mean over a shape's completed
-trainings), ``Delta D_l = D_l(shape) - D_l(baseline)``, and dotted lines at each shape's
-transition layers (where its head count changes).
+trainings), ``Delta D_l = D_l(shape) - D_l(baseline)`` on the seeds both share
+(``reports.frame.common_seeds``: the baseline's distances on exactly the shape's common seeds,
+so that a seed's own pattern does not pass for the schedule's), and dotted lines at each
+shape's transition layers (where its head count changes).
 """
 
 from __future__ import annotations
@@ -13,10 +15,9 @@ from __future__ import annotations
 from statistics import fmean
 
 import plotly.graph_objects as go
-from optuna.trial import TrialState
 
 from nas.arch import ArchConfig
-from reports.frame import StudyData
+from reports.frame import StudyData, common_seeds, seeds_text, trials_on
 from reports.page import Section, plot_text
 from reports.summary import shape_label
 
@@ -24,11 +25,9 @@ TOP_SHAPES = 3
 COLOURS = ("#22558c", "#1b9e77", "#7570b3", "#e7298a")
 
 
-def mean_distances(data: StudyData, key: str) -> list[float]:
-    """``D_l`` per layer averaged over the shape's completed trainings that measured it."""
-    members = set(data.scores[key].trials)
-    rows = [t.user_attrs.get("attention_distance") for t in data.trials
-            if t.number in members and t.state == TrialState.COMPLETE]
+def mean_distances(data: StudyData, key: str, seeds: tuple[int, ...] | None = None) -> list[float]:
+    """``D_l`` per layer averaged over the shape's completed trainings (on ``seeds``, or all) that measured it."""
+    rows = [t.user_attrs.get("attention_distance") for t in trials_on(data, key, seeds)]
     rows = [r for r in rows if r]
     if not rows or len({len(r) for r in rows}) != 1:
         return []
@@ -61,11 +60,13 @@ def attention_section(data: StudyData, top: int = TOP_SHAPES) -> Section:
         section.empty = ("no trained shape has a Prism schedule" + (f": this is a {data.space_name} study"
                                                                      if data.space_name == "hourglass" else " yet"))
         return section
-    base = mean_distances(data, data.baseline_key) if data.baseline_key in data.scores else []
+    has_base = data.baseline_key in data.scores
+    base = mean_distances(data, data.baseline_key) if has_base else []
     absolute, delta = go.Figure(), go.Figure()
     if base:
+        name = f"baseline ({seeds_text(common_seeds(data, data.baseline_key))})"
         absolute.add_trace(go.Scatter(x=list(range(1, len(base) + 1)), y=base, mode="lines+markers",
-                                      name="baseline", line={"dash": "dash", "color": "#d95f02"}))
+                                      name=name, line={"dash": "dash", "color": "#d95f02"}))
     drawn = 0
     for i, (key, arch) in enumerate(shapes):
         d = mean_distances(data, key)
@@ -76,8 +77,11 @@ def attention_section(data: StudyData, top: int = TOP_SHAPES) -> Section:
         name = plot_text(shape_label(data, key))
         layers = list(range(1, len(d) + 1))
         absolute.add_trace(go.Scatter(x=layers, y=d, mode="lines+markers", name=name, line={"color": colour}))
-        if base and len(base) == len(d):
-            delta.add_trace(go.Bar(x=layers, y=[a - b for a, b in zip(d, base)], name=name, marker_color=colour))
+        seeds = common_seeds(data, key) if has_base else ()
+        paired, base_paired = mean_distances(data, key, seeds), mean_distances(data, data.baseline_key, seeds)
+        if seeds and paired and len(base_paired) == len(paired):
+            delta.add_trace(go.Bar(x=layers, y=[a - b for a, b in zip(paired, base_paired)],
+                                   name=f"{name} ({seeds_text(seeds)})", marker_color=colour))
         for layer in transitions(arch.heads):
             for fig in (absolute, delta):
                 fig.add_vline(x=layer - 0.5, line={"color": colour, "dash": "dot", "width": 1})
@@ -90,8 +94,8 @@ def attention_section(data: StudyData, top: int = TOP_SHAPES) -> Section:
     absolute.update_yaxes(title_text="mean attention distance (tokens)")
     section.figures.append(absolute)
     if delta.data:
-        delta.update_layout(title="Delta D_l = D_l(shape) - D_l(baseline)", height=360, barmode="group",
-                            margin={"t": 40, "l": 60, "r": 20, "b": 50})
+        delta.update_layout(title="Delta D_l = D_l(shape) - D_l(baseline), on the seeds both have", height=360,
+                            barmode="group", margin={"t": 40, "l": 60, "r": 20, "b": 50})
         delta.update_xaxes(title_text="layer", dtick=1)
         delta.update_yaxes(title_text="Delta D_l (tokens)")
         section.figures.append(delta)

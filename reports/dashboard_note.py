@@ -1,8 +1,8 @@
 """The study's note in optuna-dashboard: the summary sentence and the leaderboard, refreshed as trials finish.
 
 optuna-dashboard's own "best" is the single luckiest trial (one seed); the note says what the
-report says: the best shape by its mean over seeds, its honest paired gain over the baseline,
-and the tied set. ``NoteRefresher`` writes it from the search's workers at most every
+report says: the best shape by the leaderboard's ranking (seed-adjusted loss), its honest paired
+gain over the baseline, and the tied set. ``NoteRefresher`` writes it from the search's workers at most every
 ``interval_s`` seconds and once more when a worker ends, so it costs the search almost nothing.
 """
 

@@ -1,6 +1,6 @@
 """Section 5: how the search went: its history, the pruning curves, parameter importances, the Pareto front.
 
-The history is drawn from the trained trials with the best *mean over seeds* so far (what the
+The history is drawn from the trained trials with the best *seed-adjusted loss* so far (what the
 leaderboard ranks by); Optuna's own "best value" line would follow the single luckiest trial.
 Pruning curves, importances and the Pareto front are Optuna's (``optuna.visualization``,
 ``optuna.importance``), drawn on a copy of the study that holds its trained trials only:

@@ -1,10 +1,14 @@
-"""Section 6: training curves of the best shapes and the baseline, and when each reaches the baseline's final loss.
+"""Section 6: training curves of the best shapes against the baseline on common seeds, and milestones.
 
-The Prism paper reports that its schedules reach loss milestones earlier. Here the milestone is
-the baseline's final validation loss ``L_b`` (mean over its seeds): for each shape, the first
-token count at which its mean validation curve is at or below ``L_b``, linearly interpolated
-between evaluation points, and that count as a share of the baseline's training tokens.
-Curves are means over each shape's completed trainings (they share their evaluation points).
+The Prism paper reports that its schedules reach loss milestones earlier. Curves are compared on
+**common seeds** (``reports.frame.common_seeds``): a shape's curve is the mean over its completed
+trainings on the seeds the baseline also has, and its reference is the baseline's mean curve on
+those same seeds. A shape trained on seed 0 alone is thus compared with the baseline's seed 0, not
+with the baseline's mean over nine seeds, whose other seeds were about 0.1 nats unluckier on the
+default proxy (a one-seed shape would otherwise seem to learn twice as fast). The milestone is the
+baseline's final validation loss on those seeds, ``L_b(S)``: for each shape, the first token count
+at which its curve on ``S`` is at or below ``L_b(S)``, linearly interpolated between evaluation
+points, as a share of the baseline's training tokens.
 """
 
 from __future__ import annotations
@@ -12,25 +16,30 @@ from __future__ import annotations
 from statistics import fmean
 
 import plotly.graph_objects as go
-from optuna.trial import TrialState
 
-from reports.frame import StudyData
+from reports.frame import StudyData, common_seeds, seeds_text, trials_on
 from reports.page import Section, plot_text, table
 from reports.summary import shape_label
 
 TOP_SHAPES = 5
 
 
-def mean_curve(data: StudyData, key: str, which: str = "eval_curve") -> list[tuple[int, float]]:
-    """A shape's curve averaged over its completed trainings, at the token counts they all share."""
-    curves = [t.user_attrs.get(which) or [] for t in data.trials
-              if t.number in set(data.scores[key].trials) and t.state == TrialState.COMPLETE]
+def mean_curve(data: StudyData, key: str, which: str = "eval_curve",
+               seeds: tuple[int, ...] | None = None) -> list[tuple[int, float]]:
+    """A shape's curve averaged over its completed trainings (on ``seeds``, or all), at the token counts they share."""
+    curves = [t.user_attrs.get(which) or [] for t in trials_on(data, key, seeds)]
     curves = [{int(tokens): loss for tokens, loss in c if loss is not None} for c in curves if c]
     if not curves:
         return []
     shared = sorted(set.intersection(*(set(c) for c in curves)))
     return [(tokens, fmean(c[tokens] for c in curves)) for tokens in shared]
 
+
+def final_mean(data: StudyData, key: str, seeds: tuple[int, ...]) -> float | None:
+    """The shape's mean final validation loss over its trainings on ``seeds``."""
+    scores = data.scores[key]
+    losses = [loss for seed, loss in zip(scores.seeds, scores.losses) if seed in seeds]
+    return fmean(losses) if losses else None
 
 def tokens_to_reach(curve: list[tuple[int, float]], target: float) -> float | None:
     """The first token count at which ``curve`` is at or below ``target`` (interpolated), or None."""
@@ -52,46 +61,67 @@ def _shown_keys(data: StudyData, top: int) -> list[str]:
 
 def training_section(data: StudyData, top: int = TOP_SHAPES) -> Section:
     section = Section("training", "Training curves",
-                      "Read off which shapes learn faster: validation loss against training tokens (mean over seeds), "
-                      "and the token count at which each first reaches the baseline's final loss.")
+                      "Read off which shapes learn faster: validation loss against training tokens, each shape on the "
+                      "seeds it shares with the baseline and the baseline on those same seeds (dashed), and the "
+                      "token count at which each first reaches the baseline's final loss on them.")
     if data.board.empty:
         section.empty = "no shape has completed a training yet"
         return section
     keys = _shown_keys(data, top)
-    evals = go.Figure()
-    trains = go.Figure()
+    evals, trains = go.Figure(), go.Figure()
+    has_base = data.baseline_key in data.scores
+    # a shape with no seed in common with the baseline is drawn on its own seeds, with no milestone
+    seed_sets = {key: (common_seeds(data, key) if has_base else ()) or tuple(sorted(set(data.scores[key].seeds)))
+                 for key in keys}
+    references = list(dict.fromkeys(seeds for key, seeds in seed_sets.items() if seeds)) if has_base else []
     for key in keys:
-        name = plot_text(shape_label(data, key)) + (" (baseline)" if key == data.baseline_key else "")
-        style = {"dash": "dash", "color": "#d95f02"} if key == data.baseline_key else {}
-        curve = mean_curve(data, key)
-        if curve:
-            evals.add_trace(go.Scatter(x=[t for t, _ in curve], y=[v for _, v in curve], mode="lines+markers",
-                                       name=name, line=style))
-        train_curve = mean_curve(data, key, "train_curve")
-        if train_curve:
-            trains.add_trace(go.Scatter(x=[t for t, _ in train_curve], y=[v for _, v in train_curve], mode="lines",
-                                        name=name, line=style))
+        if key == data.baseline_key:
+            continue
+        name = f"{plot_text(shape_label(data, key))} ({seeds_text(seed_sets[key])})"
+        _add_curves(evals, trains, data, key, seed_sets[key], name, {})
+    for seeds in references:  # the baseline once per seed set a shown shape is compared on
+        _add_curves(evals, trains, data, data.baseline_key, seeds, f"baseline ({seeds_text(seeds)})",
+                    {"dash": "dash", "color": "#d95f02"})
     for fig, what in ((evals, "validation loss"), (trains, "training loss (sparse points)")):
         fig.update_xaxes(title_text="training tokens")
         fig.update_yaxes(title_text=what)
         fig.update_layout(height=400, margin={"t": 40, "l": 60, "r": 20, "b": 50}, legend={"font": {"size": 11}})
-    evals.update_layout(title="Validation loss during training")
-    trains.update_layout(title="Training loss")
+    evals.update_layout(title="Validation loss during training (on common seeds)")
+    trains.update_layout(title="Training loss (on common seeds)")
     section.figures.extend([evals, trains])
-    if data.baseline_key in data.scores:
-        target = data.scores[data.baseline_key].mean
-        base_curve = mean_curve(data, data.baseline_key)
-        base_tokens = base_curve[-1][0] if base_curve else None
-        rows = []
-        for key in keys:
-            reached = tokens_to_reach(mean_curve(data, key), target)
-            rows.append({"shape": shape_label(data, key) + (" (baseline)" if key == data.baseline_key else ""),
-                         "final mean loss": data.scores[key].mean,
-                         "tokens to reach the baseline's final loss": round(reached) if reached else None,
-                         "share of the baseline's tokens": reached / base_tokens if reached and base_tokens else None})
-        formats = {"final mean loss": "{:.4f}", "share of the baseline's tokens": "{:.2f}x",
-                   "tokens to reach the baseline's final loss": "{:,}"}
-        section.html = table(rows, formats=formats) + (
-            f'<p class="note">Milestone: the baseline\'s final mean loss, {target:.4f}. '
-            "A dash: not reached within the training budget.</p>")
+    if has_base:
+        section.html = _milestones(data, keys, seed_sets)
     return section
+
+
+def _add_curves(evals: go.Figure, trains: go.Figure, data: StudyData, key: str, seeds: tuple[int, ...], name: str,
+                style: dict) -> None:
+    curve = mean_curve(data, key, seeds=seeds)
+    if curve:
+        evals.add_trace(go.Scatter(x=[t for t, _ in curve], y=[v for _, v in curve], mode="lines+markers",
+                                   name=name, line=style))
+    train_curve = mean_curve(data, key, "train_curve", seeds)
+    if train_curve:
+        trains.add_trace(go.Scatter(x=[t for t, _ in train_curve], y=[v for _, v in train_curve], mode="lines",
+                                    name=name, line=style))
+
+
+def _milestones(data: StudyData, keys: list[str], seed_sets: dict[str, tuple[int, ...]]) -> str:
+    """The table: each shape against the baseline's final loss on the seeds they share."""
+    base_curve = mean_curve(data, data.baseline_key)
+    base_tokens = base_curve[-1][0] if base_curve else None
+    rows = []
+    for key in keys:
+        seeds = seed_sets[key]
+        target = final_mean(data, data.baseline_key, seeds) if seeds else None
+        reached = tokens_to_reach(mean_curve(data, key, seeds=seeds), target) if target is not None else None
+        rows.append({"shape": shape_label(data, key) + (" (baseline)" if key == data.baseline_key else ""),
+                     "seeds": seeds_text(seeds), "final mean loss": final_mean(data, key, seeds) if seeds else None,
+                     "baseline's final loss on these seeds": target,
+                     "tokens to reach it": round(reached) if reached else None,
+                     "share of the baseline's tokens": reached / base_tokens if reached and base_tokens else None})
+    formats = {"final mean loss": "{:.4f}", "baseline's final loss on these seeds": "{:.4f}",
+               "share of the baseline's tokens": "{:.2f}x", "tokens to reach it": "{:,}"}
+    return table(rows, formats=formats) + (
+        '<p class="note">Milestone: the baseline\'s final mean loss on the seeds the shape shares with it (a shape '
+        "with no such seed has none). A dash: not reached within the training budget.</p>")
