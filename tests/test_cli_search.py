@@ -256,3 +256,28 @@ def test_progress_compares_the_best_shapes_mean_over_seeds_with_the_baselines_me
     line = stream.getvalue()
     assert line.startswith("[ 4/10] #3 replicate h=4x4 ") and "loss 3.4400 (complete, 1.5s)" in line
     assert "| best 3.4300 #1 (+0.58% vs baseline 3.4500)" in line and "| ETA " in line
+
+
+def test_progress_estimates_the_time_left_from_the_first_trials_then_once_only():
+    baseline = uniform(4, 32, 4, 256)
+    stream = io.StringIO()
+    progress = Progress(workers=2, stream=stream)
+    for i, wall in enumerate((4.0, 9.0, 5.0, 30.0)):
+        progress(TrialEvent(i, "member", baseline, 0, "complete", 3.4, wall, i + 1, 11, None, None))
+    estimates = [line for line in stream.getvalue().splitlines() if line.startswith("estimate: ")]
+    # the median of the first three (5 s), 8 trials left, 2 workers: 20 s
+    assert estimates == ["estimate: about 5.0 s a trial (median of this run's first 3 on this machine), 2 workers: "
+                         "the 8 trials left take about 0m20s"]
+
+
+def test_a_resumed_search_estimates_the_time_left_from_its_stored_trials_in_its_first_line():
+    study = optuna.create_study()
+    for wall in (6.0, 8.0, 7.0):
+        study.add_trial(optuna.trial.create_trial(value=3.0, user_attrs={"key": "k", "wall_time_s": wall}))
+    search = SimpleNamespace(study=study, config=SimpleNamespace(trials=13))
+    text = Progress(stream=io.StringIO())._stored_estimate(search)
+    assert text == "about 7.0 s a trial (median of the study's 3 stored trials), 1 worker: the 10 trials left take " \
+                   "about 1m10s"
+    fresh = SimpleNamespace(study=optuna.create_study(), config=SimpleNamespace(trials=13))
+    assert Progress(stream=io.StringIO())._stored_estimate(fresh) == \
+        "time: estimated after the first 3 trials on this machine"

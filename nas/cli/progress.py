@@ -4,12 +4,25 @@ from __future__ import annotations
 
 import sys
 import time
+from statistics import median
 from typing import TextIO
 
 from nas.study.config import display_url
+from nas.study.records import counts
 from nas.study.session import Search
 from nas.study.worker import TrialEvent
 from nas.units import format_duration
+
+
+ESTIMATE_AFTER = 3  # trainings of this run behind the one-off time estimate
+TRAINED_STATES = ("complete", "pruned", "diverged", "oom")  # the events that count a training
+
+
+def estimate_text(seconds_per_trial: float, left: int, workers: int, source: str) -> str:
+    """``about 5.4 s a trial (median of ...), 1 worker: the 197 trials left take about 17m44s``."""
+    per_worker = f"{workers} workers" if workers > 1 else "1 worker"
+    return (f"about {seconds_per_trial:.1f} s a trial ({source}), {per_worker}: the {left} trials left take about "
+            f"{format_duration(seconds_per_trial * left / workers)}")
 
 
 class Progress:
@@ -23,6 +36,8 @@ class Progress:
         self.stream, self.workers = stream or sys.stderr, workers
         self.started = time.perf_counter()
         self.first_counted: int | None = None
+        self.walls: list[float] = []  # wall times of this run's trainings, until the estimate is printed
+        self.estimated = False
 
     def start(self, search: Search) -> None:
         c = search.config
@@ -32,11 +47,25 @@ class Progress:
         self.print(f"study {c.study_name!r} in {display_url(c.storage)}: {c.space.space} space of "
                    f"{search.space.count()} shapes "
                    f"({mode}); preset {c.preset} ({search.train.tokens} tokens/trial, {search.train.device}); "
-                   f"data {search.data.name} ({len(search.data.train)} train tokens); target {c.trials} trials")
+                   f"data {search.data.name} ({len(search.data.train)} train tokens); target {c.trials} trials; "
+                   + self._stored_estimate(search))
+
+    def _stored_estimate(self, search: Search) -> str:
+        """The time left from the study's own stored trials (a resumed study), else when it will be estimated."""
+        trials = search.study.get_trials(deepcopy=False)
+        walls = [t.user_attrs["wall_time_s"] for t in trials
+                 if counts(t) and isinstance(t.user_attrs.get("wall_time_s"), (int, float))]
+        left = max(0, search.config.trials - sum(counts(t) for t in trials))
+        if not walls:
+            return f"time: estimated after the first {ESTIMATE_AFTER} trials on this machine"
+        self.estimated = True
+        return estimate_text(median(walls), left, self.workers, f"median of the study's {len(walls)} stored trials")
 
     def __call__(self, e: TrialEvent) -> None:
         if self.first_counted is None:
             self.first_counted = e.counted - (e.state not in ("duplicate", "error", "interrupted", "surplus"))
+        if e.state in TRAINED_STATES and not self.estimated:
+            self.walls.append(e.wall_time_s)
         value = f"loss {e.value:.4f}" if e.value is not None else e.state
         line = f"[{e.counted:>{len(str(e.target))}}/{e.target}] #{e.number} {e.role:<9} {e.arch.label()} "
         line += f"seed {e.seed}: "
@@ -52,6 +81,12 @@ class Progress:
             rate = (time.perf_counter() - self.started) / done_here
             line += f" | ETA {format_duration(rate * (e.target - e.counted))}"
         self.print(line)
+        left = e.target - e.counted
+        if not self.estimated and self.walls and (len(self.walls) >= ESTIMATE_AFTER or left <= 0):
+            self.estimated = True
+            if left > 0:
+                self.print("estimate: " + estimate_text(median(self.walls), left, self.workers,
+                                                        f"median of this run's first {len(self.walls)} on this machine"))
 
     def print(self, line: str) -> None:
         print(line, file=self.stream, flush=True)
