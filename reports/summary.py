@@ -18,8 +18,10 @@ The summary sentence then says either
     "<shape> beats the baseline by g % (95 % CI [a, b], n paired seeds)"
 
 when that interval lies above zero, or "no shape is distinguishable from the baseline at this
-proxy budget; the tied set is ..." otherwise, the tied set being the shapes a Holm-corrected
-paired test cannot tell from the best (``reports.statistics.tied_set``).
+proxy budget; this study would have detected a gain of x % or more (80 % power), not a smaller
+one; the tied set is ..." otherwise, the tied set being the shapes a Holm-corrected paired test
+cannot tell from the best (``reports.statistics.tied_set``) and the gain the study's minimum
+detectable gain (``reports.resolution``): every answer says how small a gain it could have seen.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any
 from nas.arch import ArchConfig
 from nas.study.race import RACE_ROLES, RaceState, race_state
 from reports.frame import StudyData, outcome_counts
+from reports.resolution import Resolution, resolution
 from reports.statistics import ALPHA, PairedGain, paired_gain, pooled_paired_sd, tied_set
 
 SELECTING_ROLES = ("member", "sampled")  # the first-pass trials by which a shape entered the top of the board
@@ -68,15 +71,44 @@ def race_of(data: StudyData) -> RaceState | None:
     return race_state(data.scores, candidates, int((data.identity.get("train") or {}).get("seed", 0)))
 
 
+def interval_alpha(data: StudyData, key: str) -> float:
+    """The two-sided level of ``key``'s gain interval: simultaneous (Bonferroni) over the race's candidates when
+    ``key`` raced, else ``ALPHA``."""
+    candidates = raced(data)
+    return ALPHA / max(1, len(candidates) - 1) if key in candidates else ALPHA
+
+
 def honest_gain(data: StudyData, key: str) -> PairedGain | None:
     """``key``'s paired gain over the baseline on the common seeds that did not select it (see the module
     docstring; simultaneous over the race's candidates when ``key`` raced)."""
     if data.baseline_key not in data.scores or key not in data.scores:
         return None
     pooled = pooled_paired_sd(data.scores, data.baseline_key)
-    candidates = raced(data)
-    alpha = ALPHA / max(1, len(candidates) - 1) if key in candidates else ALPHA
-    return paired_gain(data.scores[key], data.scores[data.baseline_key], selecting_seeds(data, key), pooled, alpha)
+    return paired_gain(data.scores[key], data.scores[data.baseline_key], selecting_seeds(data, key), pooled,
+                       interval_alpha(data, key))
+
+
+def study_resolution(data: StudyData, best: str | None) -> Resolution | None:
+    """The study's minimum detectable gain (``reports.resolution``) for its leader: ``best``, or the best shape
+    besides the baseline when the baseline leads; None while it cannot be estimated."""
+    if best is None or data.baseline_key not in data.scores or data.board.empty:
+        return None
+    leader = best if best != data.baseline_key else next(
+        (key for key in data.board["key"] if key != data.baseline_key), None)
+    if leader is None:
+        return None
+    gain = honest_gain(data, leader)
+    sd, df = pooled_paired_sd(data.scores, data.baseline_key)
+    return resolution(sd, df, gain.n if gain else 0, interval_alpha(data, leader),
+                      data.scores[data.baseline_key].mean)
+
+
+def resolution_text(res: Resolution | None) -> str:
+    """What the study could have detected, as the clause the sentence carries."""
+    if res is None:
+        return ("how small a gain this study could detect is not known yet: it needs a shape with two seeds in "
+                "common with the baseline, besides the one that selected it")
+    return f"this study would have detected {res.text()}, not a smaller one"
 
 
 def best_shape(data: StudyData) -> str | None:
@@ -103,6 +135,7 @@ class Summary:
     sentence: str
     gain: PairedGain | None = None  # the best shape's honest paired gain over the baseline
     tied: list[str] = field(default_factory=list)
+    resolution: Resolution | None = None  # the study's minimum detectable gain
     rows: list[dict[str, Any]] = field(default_factory=list)  # best and baseline side by side
 
 
@@ -137,20 +170,26 @@ def summarise(data: StudyData) -> Summary:
     rows = [_side(data, best, "best", gain)] if best != data.baseline_key else []
     rows.append(_side(data, data.baseline_key, "baseline", None))
     above = _ranked_above(data, best)
+    res = study_resolution(data, best)
     if gain is not None and gain.low_pct is not None and gain.low_pct > 0:
         sentence = (f"{shape_label(data, best)} beats the baseline by {gain.gain_pct:.2f} % "
+                    f"(95 % CI [{gain.low_pct:.2f}, {gain.high_pct:.2f}], {gain.n} paired seeds; minimum "
+                    f"detectable gain {res.gain_pct:.2f} %)" if res is not None else
+                    f"{shape_label(data, best)} beats the baseline by {gain.gain_pct:.2f} % "
                     f"(95 % CI [{gain.low_pct:.2f}, {gain.high_pct:.2f}], {gain.n} paired seeds)")
     elif best == data.baseline_key:
         lead = (f"the baseline leads the race of the {len(race.candidates) - 1} best shapes"
                 if race is not None else "the baseline has the lowest loss")
-        sentence = f"no shape beats the baseline at this proxy budget: {lead}; the tied set is {tied_text}"
+        sentence = (f"no shape beats the baseline at this proxy budget: {lead}; {resolution_text(res)}; "
+                    f"the tied set is {tied_text}")
     else:
-        sentence = f"no shape is distinguishable from the baseline at this proxy budget; the tied set is {tied_text}"
+        sentence = (f"no shape is distinguishable from the baseline at this proxy budget; {resolution_text(res)}; "
+                    f"the tied set is {tied_text}")
     if above:
         sentence += f" ({len(above)} shape{'s' if len(above) > 1 else ''} above it in the leaderboard " + (
             "rest on fewer seeds and were not raced)" if race is not None and not set(above) & set(race.candidates)
             else "rest on fewer seeds)")
-    return Summary(counts, best, sentence, gain, tied, rows)
+    return Summary(counts, best, sentence, gain, tied, rows=rows, resolution=res)
 
 
 def _ranked_above(data: StudyData, key: str) -> list[str]:

@@ -13,7 +13,6 @@ from nas.study.session import Search
 from nas.study.worker import TrialEvent
 from nas.units import format_duration
 
-
 ESTIMATE_AFTER = 3  # trainings of this run behind the one-off time estimate
 TRAINED_STATES = ("complete", "pruned", "diverged", "oom")  # the events that count a training
 
@@ -85,8 +84,8 @@ class Progress:
         if not self.estimated and self.walls and (len(self.walls) >= ESTIMATE_AFTER or left <= 0):
             self.estimated = True
             if left > 0:
-                self.print("estimate: " + estimate_text(median(self.walls), left, self.workers,
-                                                        f"median of this run's first {len(self.walls)} on this machine"))
+                source = f"median of this run's first {len(self.walls)} on this machine"
+                self.print("estimate: " + estimate_text(median(self.walls), left, self.workers, source))
 
     def print(self, line: str) -> None:
         print(line, file=self.stream, flush=True)

@@ -111,7 +111,11 @@ def search(
         raise typer.Exit(130) from None
     for note in result.notes:
         typer.echo(f"warning: {note}", err=True)
+    from reports.frame import read_study
+    from reports.summary import resolution_text, summarise
+
     name, shown = result.config.study_name, display_url(storage)
-    typer.echo(f"done: study {name!r} holds {trials_done(result.study)} trained trials. "
-               f"Next: nas best --study-name {name} --storage {shown}; "
+    answer = summarise(read_study(result.study))
+    typer.echo(f"done: study {name!r} holds {trials_done(result.study)} trained trials; "
+               f"{resolution_text(answer.resolution)}. Next: nas best --study-name {name} --storage {shown}; "
                f"nas report --study-name {name} --storage {shown} -o report.html", err=True)

@@ -1,0 +1,101 @@
+"""What a study could have seen: the minimum detectable gain over the baseline, and the seeds a smaller one needs.
+
+"No shape beats the baseline" means little without its resolution. A shape is declared better
+when the lower end of its two-sided ``1 - alpha`` paired interval lies above zero
+(``reports.summary``): a one-sided t-test at ``alpha / 2`` on ``n`` paired seeds, ``df = n - 1``.
+With a true paired gain ``delta`` and a paired-difference sd ``sigma``, the statistic
+``t = mean(d) / (s / sqrt(n))`` follows a noncentral t distribution with ``df`` degrees of freedom
+and noncentrality ``delta sqrt(n) / sigma``, so the test's power is exactly::
+
+    power(delta) = P(T'(df, delta sqrt(n) / sigma) > t_{1 - alpha/2, df})
+
+The **minimum detectable gain** (MDG) is the ``delta`` at which that power is 80 % (Cohen 1988;
+for large ``n`` it tends to ``(z_{1-alpha/2} + z_{0.8}) sigma / sqrt(n)``). The study supplies
+``sigma`` (its pooled paired sd against the baseline, ``reports.statistics.pooled_paired_sd``),
+``n`` (the leader's paired seeds that did not select it, as its interval uses them) and
+``alpha`` (Bonferroni over the race's candidates after a race, as the pick's interval). The
+seeds a 1 % and a 0.5 % gain would need are the smallest ``n`` whose MDG is at most that share
+of the baseline's loss. ``tests/test_resolution.py`` checks the power against a simulation.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from scipy import optimize, stats
+
+POWER = 0.8
+TARGET_SHARES = (0.01, 0.005)  # the gains (as shares of the baseline's loss) whose seed counts every answer gives
+MAX_SEEDS = 100_000
+
+
+def power(delta: float, sd: float, n: int, alpha: float, df: int | None = None) -> float:
+    """P(the lower end of the two-sided ``1 - alpha`` paired t interval is above 0) at a true gain ``delta``."""
+    df = n - 1 if df is None else df
+    critical = float(stats.t.ppf(1 - alpha / 2, df))
+    return float(stats.nct.sf(critical, df, delta * math.sqrt(n) / sd))
+
+
+def detectable_gain(sd: float, n: int, alpha: float, df: int | None = None, target: float = POWER) -> float:
+    """The true paired gain (nats) that the test detects with probability ``target`` (the module docstring)."""
+    if sd <= 0:
+        return 0.0
+    high = sd
+    while power(high, sd, n, alpha, df) < target:
+        high *= 2
+    return float(optimize.brentq(lambda delta: power(delta, sd, n, alpha, df) - target, 0.0, high, xtol=1e-10))
+
+
+def seeds_needed(gain: float, sd: float, alpha: float) -> int | None:
+    """The fewest paired seeds (``df = n - 1``) whose minimum detectable gain is at most ``gain``; None past
+    ``MAX_SEEDS``."""
+    if sd <= 0:
+        return 2
+    if detectable_gain(sd, MAX_SEEDS, alpha) > gain:
+        return None
+    low, high = 2, MAX_SEEDS  # detectable_gain falls with n: bisect for the first n at or below ``gain``
+    while low < high:
+        middle = (low + high) // 2
+        if detectable_gain(sd, middle, alpha) <= gain:
+            high = middle
+        else:
+            low = middle + 1
+    return low
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """The minimum detectable gain of a study as it stands, and the seeds a 1 % and a 0.5 % gain need."""
+
+    n: int  # the leader's paired seeds that count towards its gain
+    sd: float  # the study's paired-difference sd against the baseline (nats)
+    df: int
+    alpha: float  # two-sided level of the pick's interval
+    baseline_loss: float
+    gain: float  # nats
+    seeds_needed: dict[float, int | None]  # share of the baseline's loss -> paired seeds per shape
+
+    @property
+    def gain_pct(self) -> float:
+        return 100 * self.gain / self.baseline_loss
+
+    def text(self) -> str:
+        """``a gain of 3.2 % (0.097 nats) or more (80 % power, 8 paired seeds); 1 %: 83 seeds, 0.5 %: 330``."""
+        needs = ", ".join(f"{100 * share:g} % needs {_seeds(n)}" for share, n in self.seeds_needed.items())
+        return (f"a gain of {self.gain_pct:.2f} % ({self.gain:.3f} nats) or more ({100 * POWER:.0f} % power, "
+                f"{self.n} paired seed{'s' if self.n != 1 else ''}, paired sd {self.sd:.3f}); {needs} per shape")
+
+
+def _seeds(n: int | None) -> str:
+    return f"more than {MAX_SEEDS:,} seeds" if n is None else f"{n} seeds"
+
+
+def resolution(sd: float | None, pooled_df: int, n: int, alpha: float, baseline_loss: float) -> Resolution | None:
+    """The ``Resolution`` for a leader with ``n`` paired seeds; None without an sd (no shape has two common seeds
+    with the baseline yet) or without a paired seed. One paired seed tests with the pool's ``df``."""
+    if sd is None or n < 1 or pooled_df < 1 or baseline_loss <= 0:
+        return None
+    df = n - 1 if n >= 2 else pooled_df
+    return Resolution(n, sd, df, alpha, baseline_loss, detectable_gain(sd, n, alpha, df),
+                      {share: seeds_needed(share * baseline_loss, sd, alpha) for share in TARGET_SHARES})

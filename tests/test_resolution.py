@@ -1,0 +1,80 @@
+"""The minimum detectable gain: the power formula against a simulation of the very test the summary makes."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import optuna
+import pytest
+from scipy import stats
+
+from nas.arch import uniform
+from nas.study.records import shape_attrs
+from reports.frame import read_study
+from reports.resolution import detectable_gain, power, seeds_needed
+from reports.summary import summarise
+
+
+def simulated_power(delta: float, sd: float, n: int, alpha: float, studies: int = 40_000, seed: int = 0) -> float:
+    """How often the lower end of the two-sided ``1 - alpha`` t interval of ``n`` paired differences is above 0."""
+    rng = np.random.default_rng(seed)
+    d = rng.normal(delta, sd, size=(studies, n))
+    low = d.mean(axis=1) - stats.t.ppf(1 - alpha / 2, n - 1) * d.std(axis=1, ddof=1) / math.sqrt(n)
+    return float((low > 0).mean())
+
+
+@pytest.mark.parametrize(("sd", "n", "alpha"), [(0.108, 8, 0.05 / 8), (0.05, 3, 0.05), (0.02, 30, 0.05)])
+def test_the_minimum_detectable_gain_is_detected_80_percent_of_the_time_in_simulation(sd, n, alpha):
+    delta = detectable_gain(sd, n, alpha)
+    assert simulated_power(delta, sd, n, alpha) == pytest.approx(0.8, abs=0.01)  # 40k studies: se 0.002
+    assert simulated_power(0.0, sd, n, alpha) == pytest.approx(alpha / 2, abs=0.004)  # no gain: the test's level
+    assert simulated_power(delta / 2, sd, n, alpha) < 0.5  # a smaller gain is mostly missed
+    assert delta > (stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(0.8)) * sd / math.sqrt(n)  # t is wider than z
+
+
+def test_seeds_needed_is_the_fewest_that_reach_the_gain():
+    sd, alpha, gain = 0.108, 0.05, 0.0304  # the default proxy's paired sd; 1 % of a loss of 3.04
+    n = seeds_needed(gain, sd, alpha)
+    assert detectable_gain(sd, n, alpha) <= gain < detectable_gain(sd, n - 1, alpha)
+    assert n == pytest.approx(((stats.norm.ppf(0.975) + stats.norm.ppf(0.8)) * sd / gain) ** 2, rel=0.05)
+    assert power(gain, sd, n, alpha) >= 0.8
+
+
+def known_noise_study(paired_sd: float, seeds: int, gain: float = 0.0, seed: int = 0) -> optuna.Study:
+    """The baseline and three Prism shapes on ``seeds`` common seeds: a shared seed effect, each shape's own noise
+    of sd ``paired_sd / sqrt(2)`` (so paired differences have sd ``paired_sd``), the first shape ``gain`` better."""
+    rng = random.Random(seed)
+    study = optuna.create_study(study_name="known-noise")
+    base = uniform(4, 32, 4, 256)
+    shapes = [base] + [base.replace(heads=heads) for heads in ([2, 2, 4, 4], [1, 1, 4, 4], [2, 4, 4, 4])]
+    study.set_user_attr("nas:baseline_key", base.key())
+    for s in range(seeds):
+        shared = rng.gauss(0, 0.1)
+        for i, arch in enumerate(shapes):
+            loss = 3.0 + shared + rng.gauss(0, paired_sd / math.sqrt(2)) - (gain if i == 1 else 0.0)
+            role = ("baseline" if s == 0 else "replicate") if i == 0 else ("member" if s == 0 else "replicate")
+            study.add_trial(optuna.trial.create_trial(value=loss, user_attrs={**shape_attrs(arch, s, role),
+                                                                              "val_loss": loss}))
+    return study
+
+
+def test_a_study_with_known_noise_states_the_gain_it_could_have_detected():
+    summary = summarise(read_study(known_noise_study(paired_sd=0.05, seeds=12)))
+    res = summary.resolution
+    assert res is not None and res.sd == pytest.approx(0.05, rel=0.3) and res.n == 11  # seed 0 selected the leader
+    assert res.gain == pytest.approx(detectable_gain(res.sd, 11, res.alpha))
+    assert "this study would have detected a gain of" in summary.sentence and "not a smaller one" in summary.sentence
+    assert f"{res.gain_pct:.2f} %" in summary.sentence and "1 % needs" in summary.sentence
+
+
+def test_a_real_gain_well_above_the_resolution_is_found_and_carries_it():
+    summary = summarise(read_study(known_noise_study(paired_sd=0.02, seeds=12, gain=0.1)))
+    assert "beats the baseline by" in summary.sentence and "minimum detectable gain" in summary.sentence
+    assert summary.resolution.gain < 0.1
+
+
+def test_without_a_second_common_seed_the_resolution_is_said_to_be_unknown():
+    summary = summarise(read_study(known_noise_study(paired_sd=0.05, seeds=1)))
+    assert summary.resolution is None and "is not known yet" in summary.sentence
