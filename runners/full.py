@@ -5,7 +5,8 @@ batch ``cfg.batch_size`` (sequences per optimiser step) whatever the number of p
 
 - **Processes**: one, or every process ``torchrun --nproc-per-node N`` started (DDP; NCCL on
   CUDA, gloo on CPU; ``runners.distributed``). Each reads its own windows of each global batch
-  (``runners.stream``) in micro-batches of ``options.micro_batch`` sequences, accumulating
+  (``runners.stream``: the proxy's seeded windows, spread over the split) in micro-batches of
+  ``options.micro_batch`` sequences, accumulating
   gradients (``no_sync`` until the last micro-batch), so 1 and N processes train on the same
   batches and reach the same losses up to float summation order.
 - **Precision and speed**: bf16 autocast on CUDA (``cfg.dtype``), fused AdamW where torch has
@@ -46,6 +47,7 @@ from runners.device import autocast, available_cores, set_threads
 from runners.distributed import Processes, all_sum, barrier, setup, teardown
 from runners.peak import measure_matmul_peak
 from runners.proxy import build_optimizer, lr_multiplier, update_average
+from runners.stream import ORDER as STREAM_ORDER
 from runners.stream import TokenStream
 
 RUN_ONLY_FIELDS = ("threads", "device", "compile")  # how a run executes, not what it computes
@@ -66,7 +68,8 @@ class RunOptions:
 def run_identity(arch: ArchConfig, cfg: TrainConfig, data: TokenData) -> dict[str, Any]:
     """What a checkpoint must match to be resumed: the shape, the training config, the data."""
     train = {k: v for k, v in cfg.to_dict().items() if k not in RUN_ONLY_FIELDS}
-    return json.loads(json.dumps({"arch": arch.key(), "train": train, "data": data.fingerprint}, sort_keys=True))
+    return json.loads(json.dumps({"arch": arch.key(), "train": train, "data": data.fingerprint,
+                                  "stream": STREAM_ORDER}, sort_keys=True))
 
 
 class RunLog:
@@ -169,7 +172,7 @@ def _run(arch: ArchConfig, cfg: TrainConfig, data: TokenData, options: RunOption
     params = [p for p in model.parameters() if p.requires_grad]
     ema = [p.detach().clone() for p in params] if cfg.ema_decay > 0 else None  # as runners.proxy scores
     stream = TokenStream(data.train, cfg.batch_size, cfg.seq_len, processes.rank, processes.world,
-                         options.micro_batch or None, TokenStream.start(data.train, cfg.seed))
+                         options.micro_batch or None, cfg.seed)
     steps = cfg.steps
     checkpoint_every = options.checkpoint_every or max(1, steps // 10)
     curves: dict[str, list[list[float]]] = {"train": [], "eval": []}

@@ -1,35 +1,39 @@
-"""The training stream of a full-scale run: contiguous windows read in order from memory-mapped tokens.
+"""The training stream of a full-scale run: the proxy's seeded windows, spread over the whole training split.
 
-llm.c / modded-nanogpt style: the training split (FineWeb ``.bin`` shards, viewed end to end
-without copying, or any other token source) is read as one long sequence. Step ``s`` of the run
-takes the global batch of ``B`` windows of ``T + 1`` tokens starting at ``position``::
+Step ``s`` of a run with seed ``q`` takes the global batch of ``B`` windows of ``T + 1`` tokens
+that the proxy's ``nas.data.BatchSampler(tokens, B, T, q)`` draws at its step ``s``: starts
+uniform over the whole split (FineWeb ``.bin`` shards viewed end to end without copying, or any
+other token source)::
 
-    window j = tokens[position + j T : position + j T + T + 1]        j = 0 .. B-1
+    window j = tokens[start_j : start_j + T + 1],   start_j ~ U[0, len - T)   j = 0 .. B-1
 
-and then ``position += B T`` (wrapping at the end of the split). Rank ``r`` of ``W`` reads only
-its own windows, ``j`` in ``[r B / W, (r + 1) B / W)``, split into micro-batches for gradient
-accumulation; so the global batch of a step is the same whatever the number of processes,
-and ``position`` (in the checkpoint) is the whole state of the stream. The start is
-``seed * START_STRIDE`` modulo the split's length: each seed reads the data in its own order.
+So a full run sees the same batches as a proxy trial of the same seed and batch shape, every
+part of a corpus sorted by file is read from the first step on (an in-order stream read the
+first files only, and two seeds of one shape then ended 0.3 nats apart on different files), and
+two shapes on one seed see the same data. Rank ``r`` of ``W`` reads only its own windows, ``j``
+in ``[r B / W, (r + 1) B / W)``, split into micro-batches for gradient accumulation; so the
+global batch of a step is the same whatever the number of processes. ``position`` (in the
+checkpoint) is the number of global batches drawn: resuming replays that many draws of the
+generator (a few milliseconds for a million steps' worth of window starts).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 
+from nas.data.loading import BatchSampler
 from nas.errors import UsageError
 
-START_STRIDE = 1_000_003  # tokens between the starting points of consecutive seeds (a prime: no short cycle)
+ORDER = "spread windows, the proxy's seeded BatchSampler"  # part of a run's identity: older in-order runs are refused
 
 
 class TokenStream:
-    """Global batches in order; ``rank``'s micro-batches of each (see the module docstring)."""
+    """Global batches of spread windows; ``rank``'s micro-batches of each (see the module docstring)."""
 
     def __init__(self, tokens: Any, batch_size: int, seq_len: int, rank: int = 0, world: int = 1,
-                 micro_batch: int | None = None, position: int = 0) -> None:
+                 micro_batch: int | None = None, seed: int = 0, position: int = 0) -> None:
         if batch_size % world:
             raise UsageError(f"the global batch of {batch_size} sequences does not split over {world} processes: "
                              f"give --nproc a divisor of {batch_size}")
@@ -42,34 +46,30 @@ class TokenStream:
         if len(tokens) < need:
             raise UsageError(f"the training split holds {len(tokens)} tokens; one global batch of "
                              f"{batch_size}x{seq_len} needs {need}")
-        self.tokens, self.batch_size, self.seq_len = tokens, batch_size, seq_len
+        self.tokens, self.batch_size, self.seq_len, self.seed = tokens, batch_size, seq_len, seed
         self.rank, self.world, self.micro = rank, world, micro
-        self.position = position % (len(tokens) - 1)
+        self.position = position
 
-    @staticmethod
-    def start(tokens: Any, seed: int) -> int:
-        return (seed * START_STRIDE) % (len(tokens) - 1)
+    @property
+    def position(self) -> int:
+        """Global batches drawn so far (the whole state of the stream)."""
+        return self._position
+
+    @position.setter
+    def position(self, batches: int) -> None:
+        self._sampler = BatchSampler(self.tokens, self.batch_size, self.seq_len, self.seed)
+        for _ in range(batches):  # replay the draws: the generator is then where the run left it
+            self._sampler.next_starts()
+        self._position = batches
 
     @property
     def accumulation(self) -> int:
         """Micro-batches per step on this rank."""
         return self.batch_size // self.world // self.micro
 
-    def _window(self, start: int) -> np.ndarray:
-        n, end = len(self.tokens), start + self.seq_len + 1
-        if end <= n:
-            return np.asarray(self.tokens[start:end])
-        return np.concatenate([np.asarray(self.tokens[start:n]), np.asarray(self.tokens[0:end - n])])  # wrap
-
     def step(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """This rank's micro-batches ``x, y`` (int64 (micro, T) each) of the next global batch; the stream advances."""
         share = self.batch_size // self.world
-        length = len(self.tokens) - 1
-        mine = range(self.rank * share, (self.rank + 1) * share)
-        starts = [(self.position + j * self.seq_len) % length for j in mine]
-        self.position = (self.position + self.batch_size * self.seq_len) % length
-        batches = []
-        for i in range(0, share, self.micro):
-            buf = torch.from_numpy(np.stack([self._window(s) for s in starts[i:i + self.micro]]).astype(np.int64))
-            batches.append((buf[:, :-1], buf[:, 1:]))  # (micro, T) each; y[b, t] = x[b, t + 1]
-        return batches
+        starts = self._sampler.next_starts()[self.rank * share:(self.rank + 1) * share]
+        self._position += 1
+        return [self._sampler.windows(starts[i:i + self.micro]) for i in range(0, share, self.micro)]

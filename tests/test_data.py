@@ -381,3 +381,31 @@ def test_cache_root_follows_nas_cache_then_xdg(tmp_path, monkeypatch):
     assert cache_root() == tmp_path / "xdg" / "prism-nas"
     assert cache_root(tmp_path / "explicit") == tmp_path / "explicit"
     assert os.path.isdir(tmp_path / "explicit")
+
+
+# ----------------------------------------------------------------- the full-scale run's stream
+def test_a_full_runs_stream_draws_the_proxys_batches_on_any_number_of_processes_and_resumes_exactly():
+    from runners.stream import TokenStream
+
+    tokens = np.arange(100_000, dtype=np.uint16)
+    proxy = BatchSampler(tokens, 8, 16, seed=3)
+    expected = [proxy.next() for _ in range(6)]
+    whole = TokenStream(tokens, 8, 16, seed=3)
+    ranks = [TokenStream(tokens, 8, 16, rank=r, world=2, micro_batch=2, seed=3) for r in range(2)]
+    for step in range(6):
+        (x, y), = whole.step()
+        assert torch.equal(x, expected[step][0]) and torch.equal(y, expected[step][1])
+        parts = [batch for stream in ranks for batch in stream.step()]  # rank 0's two micro-batches, then rank 1's
+        assert torch.equal(torch.cat([p[0] for p in parts]), x)
+    resumed = TokenStream(tokens, 8, 16, seed=3, position=4)  # as a checkpoint after 4 steps restores it
+    assert resumed.position == 4 and torch.equal(resumed.step()[0][0], expected[4][0])
+
+
+def test_a_full_runs_stream_reads_the_whole_split_from_its_first_steps():
+    from runners.stream import TokenStream
+
+    tokens = np.arange(1_000_000, dtype=np.uint32)  # a corpus sorted by file: position is the file
+    stream = TokenStream(tokens, 4, 128, seed=0)
+    starts = torch.cat([stream.step()[0][0][:, 0] for _ in range(64)]).double()  # 256 windows, 32k tokens
+    deciles = np.histogram(starts.numpy(), bins=10, range=(0, len(tokens)))[0]
+    assert deciles.min() >= 10  # every tenth of the split is read (an in-order stream would read 3 % of it)

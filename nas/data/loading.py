@@ -167,10 +167,17 @@ class BatchSampler:
         self.tokens, self.batch_size, self.seq_len = tokens, batch_size, seq_len
         self.rng = np.random.default_rng(seed)
 
+    def next_starts(self) -> np.ndarray:
+        """The next batch's ``B`` window starts (``start + T + 1 <= len``); the generator advances."""
+        return self.rng.integers(0, len(self.tokens) - self.seq_len, size=self.batch_size)
+
+    def windows(self, starts: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x, y`` of the windows at ``starts``: int64 ``(len(starts), T)``; ``y`` is ``x`` shifted left by one."""
+        return _windows(self.tokens, starts, self.seq_len)
+
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``x, y``: int64 ``(B, T)``; ``y`` is ``x`` shifted left by one token."""
-        starts = self.rng.integers(0, len(self.tokens) - self.seq_len, size=self.batch_size)  # start + T + 1 <= len
-        return _windows(self.tokens, starts, self.seq_len)
+        return self.windows(self.next_starts())
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         while True:
