@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 REFERENCE_FILE = Path(__file__).parent / "data" / "reference_panel.json"
-PANEL = ("1x4,12x8", "2x6,12x6", "4x2,12x10", "8x6,12x6", "1x2,4x4,12x6", "2x3,3x3,12x6", "3x2,8x2,12x8",
+PANEL = ("1x4,12x8", "2x4,12x8", "4x2,12x10", "8x4,12x8", "1x2,4x4,12x6", "2x3,3x3,12x6", "3x2,8x2,12x8",
          "6x2,8x3,12x7", "2x2,8x4,12x6", "1x2,2x2,4x2,12x6", "2x2,3x2,6x2,12x6", "3x2,4x2,8x2,12x6")
 SEEDS = (0, 1, 2, 3)
 EVAL_TOKENS = 8_192
