@@ -111,3 +111,22 @@ def test_nas_bench_without_the_bench_extra_names_it_in_one_line(tmp_path: Path) 
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "figure 2 (vs_hf) needs the Python package 'transformers'" in lines[0]
     assert "pip install -e '.[bench]'" in lines[0] and "--only 1,3,4,5,6,7,8" in lines[0]
+
+
+def test_the_reference_panel_and_the_proxy_fidelity_figure_run_end_to_end(tmp_path, nas_cache) -> None:
+    """The generators of the stored data (``benchmarks/data``), on tiny shapes and tokens."""
+    env = {**os.environ, "NAS_CACHE": nas_cache}
+    panel, fidelity = tmp_path / "panel.json", tmp_path / "fidelity.json"
+    for args in (["benchmarks.reference_panel", "--smoke", "--out", str(panel), "--processes", "1"],
+                 ["benchmarks.proxy_fidelity", "--smoke", "--panel", str(panel), "--out", str(fidelity),
+                  "--processes", "1"]):
+        proc = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                              env=env)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    data = json.loads(panel.read_text())
+    assert len(data["runs"]) == 3 * 2 and data["made"]["commit"] and set(data["quality"]) >= {
+        "seed_sd", "paired_sd", "separation", "halves_kendall_tau"}
+    figures = json.loads(fidelity.read_text())
+    assert [len(c["runs"]) for c in figures["configs"]] == [6, 6]
+    assert set(figures["configs"][0]["result"]["scores"]) == {"final", "train_mean", "train_last_half", "val_auc",
+                                                              "extrapolated"}
