@@ -81,14 +81,19 @@ class Resolution:
         return 100 * self.gain / self.baseline_loss
 
     def text(self) -> str:
-        """``a gain of 3.2 % (0.097 nats) or more (80 % power, 8 paired seeds); 1 %: 83 seeds, 0.5 %: 330``."""
-        needs = ", ".join(f"{100 * share:g} % needs {_seeds(n)}" for share, n in self.seeds_needed.items())
+        """``a gain of 6.17 % (0.188 nats) or more (80 % power, 8 paired seeds, paired sd 0.108)``."""
         return (f"a gain of {self.gain_pct:.2f} % ({self.gain:.3f} nats) or more ({100 * POWER:.0f} % power, "
-                f"{self.n} paired seed{'s' if self.n != 1 else ''}, paired sd {self.sd:.3f}); {needs} per shape")
+                f"{self.n} paired seed{'s' if self.n != 1 else ''}, paired sd {self.sd:.3f})")
+
+    def needs_text(self) -> str:
+        """``a 1 % gain needs 166 paired seeds per shape, a 0.5 % gain 650``."""
+        (first, n_first), *rest = self.seeds_needed.items()
+        more = "".join(f", a {100 * share:g} % gain {_seeds(n)}" for share, n in rest)
+        return f"a {100 * first:g} % gain needs {_seeds(n_first)} per shape{more}"
 
 
 def _seeds(n: int | None) -> str:
-    return f"more than {MAX_SEEDS:,} seeds" if n is None else f"{n} seeds"
+    return f"more than {MAX_SEEDS:,} paired seeds" if n is None else f"{n} paired seeds"
 
 
 def resolution(sd: float | None, pooled_df: int, n: int, alpha: float, baseline_loss: float) -> Resolution | None:

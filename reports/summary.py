@@ -108,7 +108,7 @@ def resolution_text(res: Resolution | None) -> str:
     if res is None:
         return ("how small a gain this study could detect is not known yet: it needs a shape with two seeds in "
                 "common with the baseline, besides the one that selected it")
-    return f"this study would have detected {res.text()}, not a smaller one"
+    return f"this study would have detected {res.text()}, not a smaller one ({res.needs_text()})"
 
 
 def best_shape(data: StudyData) -> str | None:

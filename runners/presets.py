@@ -35,7 +35,7 @@ _GPU_TRAIN = TrainConfig(batch_size=32, seq_len=1024, lr=6e-4, warmup_frac=0.02,
 
 PRESETS: dict[str, Preset] = {p.name: p for p in (
     Preset("cpu", "GPT-2 small structure (12 layers x 12 heads) at width 96, bytes, 32k tokens/trial: "
-           "200 trials in about 17 min on 2 cores",
+           "200 trials in about 17 min (faster 2-core machine) to 32 min (slower)",
            uniform(12, 96, 12, 256), _CPU_TRAIN),
     Preset("cpu-long", "the cpu shape trained 8x longer (256k tokens/trial) for finer rankings",
            uniform(12, 96, 12, 256), _CPU_TRAIN.with_(tokens=262_144, eval_every=65_536, lr=6e-3)),
