@@ -38,6 +38,7 @@ class TrainConfig:
     dtype: str = "fp32"  # fp32 | bf16 (autocast on CUDA)
     compile: bool = False  # torch.compile: ~30 s cold on CPU for ~9 % speed, so off for CPU proxies
     threads: int = 0  # torch intra-op threads; 0 = the cores this process may use
+    micro_batch: int = 0  # sequences per forward (gradients accumulated over the batch); 0 = the whole batch
 
     def __post_init__(self) -> None:
         limits = {"tokens": MAX_TOKENS, "batch_size": 2**16, "seq_len": 2**20, "eval_every": MAX_TOKENS,
@@ -71,6 +72,10 @@ class TrainConfig:
             raise UsageError(f"ema_decay={self.ema_decay} is invalid: use a value in [0, 1) (0: no averaging)")
         if self.score_evals < 1:
             raise UsageError(f"score_evals={self.score_evals} is invalid: give at least 1")
+        if isinstance(self.micro_batch, bool) or not isinstance(self.micro_batch, int) or self.micro_batch < 0 \
+                or (self.micro_batch and self.batch_size % self.micro_batch):
+            raise UsageError(f"micro_batch={self.micro_batch!r} is invalid: give 0 (the whole batch) or a divisor "
+                             f"of the batch of {self.batch_size} sequences")
         if self.dtype not in ("fp32", "bf16"):
             raise UsageError(f"dtype={self.dtype!r} is invalid: choose fp32 or bf16")
 

@@ -50,7 +50,7 @@ from runners.proxy import build_optimizer, lr_multiplier, update_average
 from runners.stream import ORDER as STREAM_ORDER
 from runners.stream import TokenStream
 
-RUN_ONLY_FIELDS = ("threads", "device", "compile")  # how a run executes, not what it computes
+RUN_ONLY_FIELDS = ("threads", "device", "compile", "micro_batch")  # how a run executes, not what it computes
 MAX_CURVE_POINTS = 256
 
 

@@ -20,11 +20,36 @@ from runners.config import TrainConfig
 
 
 @dataclass(frozen=True)
+class GpuEstimate:
+    """What a GPU proxy preset's trial costs, from ``ArchConfig.flops_per_token`` and stated assumptions.
+
+    ``minutes per trial = tokens * flops_per_token(T) / (peak_flops * mfu) / 60``. The peak is the dense
+    bf16 tensor-core figure of an H100/H200 SXM (989 TFLOP/s, NVIDIA's datasheet); ``mfu`` is assumed
+    (nanoGPT and modded-nanogpt report 0.3-0.5 at GPT-2 small scale with ``torch.compile``; run
+    ``benchmarks/gpu_check.py`` for the figure of your GPU). ``seed_sd`` is the full-scale seed noise the
+    resolution estimate starts from: modded-nanogpt's repeated GPT-2 small runs reported a standard deviation
+    of about 0.002 nats of the final validation loss. A 100M-token trial is shorter and likely noisier:
+    measure it with ``benchmarks/proxy_fidelity.py`` on the GPU before trusting the estimate.
+    """
+
+    peak_flops: float = 989e12
+    mfu: float = 0.40
+    seed_sd: float = 0.002
+
+    def tokens_per_s(self, arch: ArchConfig, train: TrainConfig) -> float:
+        return self.peak_flops * self.mfu / arch.flops_per_token(train.seq_len)
+
+    def minutes_per_trial(self, arch: ArchConfig, train: TrainConfig) -> float:
+        return train.tokens / self.tokens_per_s(arch, train) / 60
+
+
+@dataclass(frozen=True)
 class Preset:
     name: str
     description: str
     baseline: ArchConfig  # the uniform-head, conventional-FFN shape the spaces are built around
     train: TrainConfig
+    gpu: GpuEstimate | None = None  # for GPU proxy presets: what a trial costs (``nas presets`` prints it)
 
 
 _CPU_TRAIN = TrainConfig(tokens=32_768, batch_size=4, seq_len=128, lr=1e-2, warmup_frac=0.05,
@@ -32,13 +57,24 @@ _CPU_TRAIN = TrainConfig(tokens=32_768, batch_size=4, seq_len=128, lr=1e-2, warm
                          ema_decay=0.9)  # scored on a weight average: benchmarks figure 11
 _GPU_TRAIN = TrainConfig(batch_size=32, seq_len=1024, lr=6e-4, warmup_frac=0.02, eval_every=5_242_880,
                          eval_tokens=1_048_576, attention_batches=2, device="cuda", dtype="bf16", weight_decay=0.1)
+# a search's trial on one GPU: 100M tokens (minutes at GPT-2 small scale), five pruning points, compiled
+_GPU_PROXY_TRAIN = _GPU_TRAIN.with_(tokens=100_000_000, eval_every=20_971_520, prune_eval_tokens=262_144,
+                                    warmup_frac=0.05, lr=1.5e-3, compile=True)
 
 PRESETS: dict[str, Preset] = {p.name: p for p in (
     Preset("cpu", "GPT-2 small structure (12 layers x 12 heads) at width 96, bytes, 32k tokens/trial: "
            "200 trials in about 17 min (faster 2-core machine) to 32 min (slower)",
            uniform(12, 96, 12, 256), _CPU_TRAIN),
-    Preset("cpu-long", "the cpu shape trained 8x longer (256k tokens/trial) for finer rankings",
-           uniform(12, 96, 12, 256), _CPU_TRAIN.with_(tokens=262_144, eval_every=65_536, lr=6e-3)),
+    # lr 3e-3: at 6e-3 some seeds sat on the unigram plateau (~3.2 nats) for most of the run, and two seeds of one
+    # shape ended 2.36 and 2.93; at 3e-3 the same two ended 2.10 and 2.19 (benchmarks/reference_panel.py)
+    Preset("cpu-long", "the cpu shape trained 8x longer (256k tokens/trial, lr 3e-3): the reference panel's setup",
+           uniform(12, 96, 12, 256), _CPU_TRAIN.with_(tokens=262_144, eval_every=65_536, lr=3e-3)),
+    Preset("gpu-prism", "GPT-2 small's structure (L12 d768 h12, V50304, SwiGLU 2048: the 129 Prism schedules) "
+           "as a GPU proxy: 100M tokens/trial, bf16, compiled; FineWeb .bin shards via --data",
+           uniform(12, 768, 12, 50304, FFNShape(1, 2048)), _GPU_PROXY_TRAIN, GpuEstimate()),
+    Preset("gpu-hourglass", "the Hourglass paper's 113M LLaMA-style base (L12 d768 h12, V32000, SwiGLU 2176) as "
+           "a GPU proxy: 100M tokens/trial, bf16, compiled",
+           uniform(12, 768, 12, 32000, FFNShape(1, 2176)), _GPU_PROXY_TRAIN, GpuEstimate()),
     Preset("tiny", "4 layers x 4 heads at width 32, 4k tokens: seconds per trial, for tests and smoke runs",
            uniform(4, 32, 4, 256), TrainConfig(tokens=4_096, batch_size=4, seq_len=32, lr=1e-2,
                                                eval_every=1_024, eval_tokens=512, attention_batches=1)),

@@ -4,7 +4,9 @@ Every trial of a study sees the same number of training tokens drawn in the same
 (seeded), and is scored on the same validation windows, spread evenly over the whole
 validation split (``nas.data.validation_batches``), so trials differ only by shape (and by
 seed for replicates). AdamW with linear warmup and cosine decay, global
-gradient clipping, early stop on divergence, out-of-memory reported rather than raised.
+gradient clipping, early stop on divergence. Out of memory restarts the run with half the
+micro-batch (gradients accumulated over the same batch: the same training up to float summation
+order), down to one sequence; only then is it reported as ``oom``, never raised.
 """
 
 from __future__ import annotations
@@ -137,18 +139,43 @@ def run(arch: ArchConfig, cfg: TrainConfig, data: TokenData, report: ReportFn | 
     result = TrialResult(status="ok", val_loss=math.nan, params=arch.n_params(),
                          flops_per_token=arch.flops_per_token(cfg.seq_len), seed=cfg.seed, device=str(device))
     val = validation_batches(data.val, cfg.batch_size, cfg.seq_len, cfg.eval_tokens)
+    micro = cfg.micro_batch or cfg.batch_size
     try:
-        torch.manual_seed(cfg.seed)
-        model = Transformer(arch).to(device)
-        _train(model, cfg, data, val, device, report, result)
-    except Exception as error:
-        if not is_out_of_memory(error):
-            raise
-        result.status, result.reason = "oom", f"out of memory: {str(error).splitlines()[0][:200]}"
+        while True:  # out of memory: the same run again from its start, with half the micro-batch
+            try:
+                torch.manual_seed(cfg.seed)
+                model = Transformer(arch).to(device)
+                result.micro_batch = micro
+                _train(model, cfg.with_(micro_batch=micro), data, val, device, report, result)
+                break
+            except Exception as error:
+                if not is_out_of_memory(error):
+                    raise
+                model = None  # the failed attempt's weights go before the retry builds new ones
+                if micro == 1:
+                    result.status, result.reason = "oom", f"out of memory: {str(error).splitlines()[0][:200]}"
+                    break
+                micro = smaller_micro_batch(cfg.batch_size, micro)
+                result = _fresh(result)
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
     finally:
         result.peak_memory_mb = peak_memory_mb(device)
         result.wall_time_s = time.perf_counter() - started
+    if result.micro_batch < cfg.batch_size and result.status == "ok":
+        result.reason = f"micro-batch halved to {result.micro_batch} of {cfg.batch_size} sequences after out of memory"
     return result
+
+
+def smaller_micro_batch(batch_size: int, micro: int) -> int:
+    """The largest divisor of ``batch_size`` at most half of ``micro`` (so accumulation covers the batch exactly)."""
+    return max(d for d in range(1, micro // 2 + 1) if batch_size % d == 0)
+
+
+def _fresh(result: TrialResult) -> TrialResult:
+    """A result as before training (its shape's accounting kept): for a retry after out of memory."""
+    return TrialResult(status="ok", val_loss=math.nan, params=result.params, flops_per_token=result.flops_per_token,
+                       seed=result.seed, device=result.device)
 
 
 @torch.no_grad()
@@ -178,13 +205,22 @@ def _train(model: Transformer, cfg: TrainConfig, data: TokenData, val: list, dev
     first_loss: float | None = None
     train_time = 0.0
     model.train()
+    chunks = cfg.batch_size // (cfg.micro_batch or cfg.batch_size)  # micro-batches per step, gradients accumulated
     for step in range(steps):
         x, y = sampler.next()
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         tick = time.perf_counter()
-        with autocast(device, cfg.dtype):
-            loss = forward(x, y)
-        loss.backward()
+        if chunks == 1:
+            with autocast(device, cfg.dtype):
+                loss = forward(x, y)
+            loss.backward()
+        else:  # the batch's mean loss and gradient, one micro-batch at a time
+            loss = torch.zeros((), device=device)
+            for xs, ys in zip(x.chunk(chunks), y.chunk(chunks)):  # (micro, T) each
+                with autocast(device, cfg.dtype):
+                    part = forward(xs, ys)
+                (part / chunks).backward()
+                loss += part.detach() / chunks
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip, foreach=True)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

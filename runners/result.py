@@ -30,6 +30,7 @@ class TrialResult:
     seed: int = 0
     device: str = "cpu"
     reason: str | None = None
+    micro_batch: int = 0  # sequences per forward it trained with (halved from the batch after out-of-memory)
 
     @property
     def ok(self) -> bool:

@@ -60,3 +60,43 @@ def test_an_absurd_learning_rate_diverges_every_trial_with_its_reason_and_the_st
     assert all(t.user_attrs["status"] == "diverged" and "loss" in t.user_attrs["reason"]
                for t in trials if "status" in t.user_attrs)
 
+
+
+def test_a_batch_that_does_not_fit_is_halved_into_accumulated_micro_batches_not_failed(tmp_path, monkeypatch):
+    # the allocator fails any forward of more than one sequence for one shape (as a GPU would for a too-large
+    # micro-batch): its trial retries with 2, then 1 sequence per forward and completes; the rest is untouched
+    big_key = MEMBERS[1].key()
+    training = runners.proxy._train
+
+    def train_in_small_pieces(model, cfg, data, val, device, report, result):
+        if model.arch.key() == big_key:
+            forward = model.forward
+
+            def limited(x, *args, **kwargs):
+                if model.training and x.shape[0] > 1:
+                    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+                return forward(x, *args, **kwargs)
+
+            model.forward = limited
+        return training(model, cfg, data, val, device, report, result)
+
+    monkeypatch.setattr(runners.proxy, "_train", train_in_small_pieces)
+    storage = sqlite_url(tmp_path / "halved.db")
+    search = run_search(SearchConfig(space=SPACE5, preset="tiny", storage=storage, trials=5, pruner="none"))
+    trials = load_trials(storage, search.config.study_name)
+    assert_no_repeated_work(trials, 5)
+    by_key = {t.user_attrs["key"]: t for t in trials if "status" in t.user_attrs}
+    halved, whole = by_key[big_key], by_key[MEMBERS[0].key()]
+    assert halved.state == TrialState.COMPLETE and halved.user_attrs["micro_batch"] == 1, halved.user_attrs
+    assert "micro-batch halved to 1 of 4" in halved.user_attrs["reason"]
+    assert whole.user_attrs["micro_batch"] == 4 and whole.user_attrs["reason"] is None
+
+
+def test_accumulated_micro_batches_train_as_the_whole_batch_does():
+    from nas.data.loading import load_data
+
+    preset = get_preset("tiny")
+    data = load_data("builtin")
+    whole = runners.proxy.run(preset.baseline, preset.train.with_(tokens=1_024, threads=1), data)
+    pieces = runners.proxy.run(preset.baseline, preset.train.with_(tokens=1_024, threads=1, micro_batch=1), data)
+    assert pieces.micro_batch == 1 and pieces.val_loss == pytest.approx(whole.val_loss, abs=1e-4)

@@ -235,7 +235,7 @@ def test_objectives_loss_and_tokens_per_s_give_a_minimise_maximise_study(tmp_pat
 
 
 def test_a_cpu_long_trial_trains_eight_times_the_tokens_and_ends_lower(builtin_data, cpu_baseline_result):
-    """One trial of the `cpu-long` preset (262k tokens, lr 6e-3) against the default `cpu` proxy, same shape."""
+    """One trial of the `cpu-long` preset (262k tokens, lr 3e-3) against the default `cpu` proxy, same shape."""
     from runners.proxy import run
 
     long, short = get_preset("cpu-long"), get_preset("cpu")

@@ -24,6 +24,16 @@ def estimate_text(seconds_per_trial: float, left: int, workers: int, source: str
             f"{format_duration(seconds_per_trial * left / workers)}")
 
 
+def placement_text(placements: list) -> str:
+    """``1 worker on cpu (2 threads)`` or ``8 workers on cuda:0, cuda:1, ... (4 threads each)``."""
+    if not placements:
+        return "1 worker"
+    devices = ", ".join(dict.fromkeys(p.label for p in placements))
+    n, threads = len(placements), placements[0].threads
+    return (f"{n} worker{'s' if n > 1 else ''} on {devices} ({threads} thread{'s' if threads > 1 else ''}"
+            f"{' each' if n > 1 else ''})")
+
+
 class Progress:
     """One line per trial, e.g.::
 
@@ -40,6 +50,7 @@ class Progress:
 
     def start(self, search: Search) -> None:
         c = search.config
+        self.workers = len(search.placements) or self.workers
         then = (f"then a race of the baseline and the {c.race_size} best" if c.replicates == "race"
                 else "then seed replicates")
         mode = f"exhaustive walk, {then}" if search.exhaustive else f"{c.sampler or 'default'} sampler"
@@ -47,7 +58,7 @@ class Progress:
                    f"{search.space.count()} shapes "
                    f"({mode}); preset {c.preset} ({search.train.tokens} tokens/trial, {search.train.device}); "
                    f"data {search.data.name} ({len(search.data.train)} train tokens); target {c.trials} trials; "
-                   + self._stored_estimate(search))
+                   f"{placement_text(search.placements)}; " + self._stored_estimate(search))
 
     def _stored_estimate(self, search: Search) -> str:
         """The time left from the study's own stored trials (a resumed study), else when it will be estimated."""
@@ -67,7 +78,7 @@ class Progress:
             self.walls.append(e.wall_time_s)
         value = f"loss {e.value:.4f}" if e.value is not None else e.state
         line = f"[{e.counted:>{len(str(e.target))}}/{e.target}] #{e.number} {e.role:<9} {e.arch.label()} "
-        line += f"seed {e.seed}: "
+        line += f"seed {e.seed} on {e.device}: "
         line += f"{value} ({e.state}, {e.wall_time_s:.1f}s)"
         if e.reason and e.state not in ("complete", "duplicate"):
             line += f" [{e.reason}]"

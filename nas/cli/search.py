@@ -9,6 +9,7 @@ import typer
 from nas.cli.app import app
 from nas.cli.options import Dtype, Pruner, Replicates, Sampler, StorageOpt, StudyOpt, plain
 from nas.cli.space import with_space_options
+from nas.errors import UsageError
 from nas.study.config import DEFAULT_STORAGE, display_url
 from search_spaces.factory import SpaceOptions
 
@@ -26,6 +27,17 @@ def _train_overrides(**values: Any) -> tuple[tuple[str, Any], ...]:
     return tuple(out)
 
 
+def _workers(value: str) -> int | str:
+    """``--workers``: ``auto`` or a whole number (range-checked by ``SearchConfig.validate``)."""
+    text = value.strip()
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise UsageError(f"--workers {value!r} is invalid: give a number of workers (1-256) or auto") from None
+
+
 @app.command()
 @with_space_options
 def search(
@@ -41,7 +53,9 @@ def search(
     pruner: Annotated[Pruner, typer.Option("--pruner", help="Pruner of unpromising trials (auto: none on an "
                                            "exhaustive walk, median when sampling).")] = Pruner.auto,
     objectives: Annotated[str, typer.Option("--objectives", help="loss, loss,params or loss,tokens_per_s.")] = "loss",
-    workers: Annotated[int, typer.Option("--workers", help="Worker processes on this machine.")] = 1,
+    workers: Annotated[str, typer.Option("--workers", help="Worker processes on this machine, or auto: one per "
+                                         "visible GPU on a GPU device (worker i on GPU i mod n, seeing only it), "
+                                         "else one per core with one thread each.")] = "1",
     threads: Annotated[int | None, typer.Option("--threads", help="Torch threads per worker (default: the "
                                                    "usable cores / --workers). With several searches on one "
                                                    "machine, keep workers x threads <= cores.",
@@ -80,7 +94,7 @@ def search(
         space=opts, preset=preset, data=data, storage=storage, study_name=study_name, trials=trials,
         sampler=plain(sampler), pruner=plain(pruner),
         objectives=tuple(o.strip() for o in objectives.split(",") if o.strip()),
-        workers=workers, replicates=plain(replicates), race_size=race_size, replicate_top=replicate_top,
+        workers=_workers(workers), replicates=plain(replicates), race_size=race_size, replicate_top=replicate_top,
         heartbeat_interval=heartbeat,
         train_overrides=_train_overrides(tokens=tokens, seq_len=seq_len, batch_size=batch_size, lr=lr,
                                          seed=seed, device=device, dtype=dtype, compile=compile, threads=threads))
@@ -93,7 +107,7 @@ def search(
 
     interruptible()
     try:
-        progress = Progress(workers)
+        progress = Progress()
         result = run_search(config, on_event=progress, on_start=progress.start)
     except SearchAborted as error:
         typer.echo(f"error: search stopped: {error}", err=True)

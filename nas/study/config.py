@@ -43,7 +43,7 @@ class SearchConfig:
     # median when a sampler proposes
     pruner: str = "auto"
     objectives: tuple[str, ...] = ("loss",)
-    workers: int = 1
+    workers: int | str = 1  # a count, or "auto" (nas.study.placement.resolve_workers)
     replicates: str = "race"  # after an exhaustive walk: race (racing replicates) or fixed (replicate_top's seeds)
     race_size: int = 8  # race: the first pass's best shapes that race the baseline
     replicate_top: int = 4  # fixed: shapes besides the baseline that get seed replicates after an exhaustive walk
@@ -51,7 +51,9 @@ class SearchConfig:
     cache_dir: str | None = None
 
     def validate(self) -> None:
-        bounds = (("--trials", self.trials, 10**7), ("--workers", self.workers, 256),
+        if isinstance(self.workers, str) and self.workers != "auto":
+            raise UsageError(f"--workers {self.workers!r} is invalid: give a number of workers (1-256) or auto")
+        bounds = (("--trials", self.trials, 10**7), ("--workers", 1 if self.workers == "auto" else self.workers, 256),
                   ("--heartbeat", self.heartbeat_interval, 86_400), ("--race-size", self.race_size, 10_000),
                   ("--replicate-top", self.replicate_top, 10_000))
         for flag, value, maximum in bounds:

@@ -27,14 +27,14 @@ from search_spaces.factory import SpaceOptions, build_space
 POLL_S = 0.5  # how often a worker looks again for the identity another worker is writing
 
 # how a trial runs, not what it computes: a study can be resumed (or shared) with other values
-RUN_ONLY_FIELDS = ("threads", "device", "compile")
+RUN_ONLY_FIELDS = ("threads", "device", "compile", "micro_batch")
 
 
 def train_config(config: SearchConfig) -> TrainConfig:
     """The preset's ``TrainConfig`` with the command line's overrides (and threads split among local workers)."""
     train = get_preset(config.preset).train
     overrides = dict(config.train_overrides)
-    if config.workers > 1 and not overrides.get("threads"):
+    if isinstance(config.workers, int) and config.workers > 1 and not overrides.get("threads"):
         overrides["threads"] = max(1, available_cores() // config.workers)
     return train.with_(**overrides) if overrides else train
 

@@ -14,15 +14,18 @@ import queue as queue_module
 import signal
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from nas.errors import UsageError
 from nas.study.config import SearchConfig
+from nas.study.placement import Placement, apply_placement, cpu_cores, gpu_count, plan_placements, resolve_workers
 from nas.study.session import Search, open_search
 from nas.study.signals import Terminated, interruptible
 from nas.study.trial import POLL_S
 from nas.study.worker import SearchAborted, TrialEvent, run_worker, trials_done
 from runners.distributed import die_with_parent
+from runners.presets import get_preset
 
 
 def _interrupt_workers(processes: list, queue: Any, grace_s: float = 3.0) -> None:
@@ -55,16 +58,38 @@ def _wait_for_workers(processes: list, queue: Any, timeout: float | None = None)
             p.join()
 
 
-def _worker_main(config: SearchConfig, worker: int, queue: Any) -> None:
+def placements(config: SearchConfig) -> list[Placement]:
+    """Where each of the search's local workers trains (``nas.study.placement``), ``--workers auto`` resolved."""
+    overrides = dict(config.train_overrides)
+    device = overrides.get("device") or get_preset(config.preset).train.device
+    n_gpus = gpu_count() if device != "cpu" and device != "mps" else 0
+    cores = cpu_cores()
+    workers = resolve_workers(config.workers, device, n_gpus, cores)
+    return plan_placements(workers, device, n_gpus, cores, overrides.get("threads") or 0,
+                           os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def placed(config: SearchConfig, placement: Placement, workers: int) -> SearchConfig:
+    """``config`` as worker ``placement.worker`` runs it: its device and threads (run-only: the study is the same)."""
+    overrides = tuple((k, v) for k, v in config.train_overrides if k not in ("device", "threads"))
+    device = () if placement.device in ("auto", "cpu") and "device" not in dict(config.train_overrides) \
+        else (("device", placement.device),)
+    return replace(config, workers=workers, train_overrides=(*overrides, *device, ("threads", placement.threads)))
+
+
+def _worker_main(config: SearchConfig, worker: int, queue: Any, placement: Placement | None = None) -> None:
     # a worker outliving a SIGKILLed parent would hold its trial with live heartbeats (never found stale)
     # while nothing reads its events: it dies with the parent, and its trial is retried like any killed one
     die_with_parent()
     parent = multiprocessing.parent_process()
     if parent is not None and os.getppid() != parent.pid:  # the parent died before the line above
         os._exit(1)
+    if placement is not None:
+        apply_placement(placement)  # before anything in this process initialises CUDA
     interruptible()
     try:
         search = open_search(config, worker=worker, create=False)
+        search.device_label = placement.label if placement is not None else search.device_label
         run_worker(search, lambda event: queue.put(("event", worker, event)))
         queue.put(("done", worker, None))
     except KeyboardInterrupt:
@@ -78,18 +103,25 @@ def _worker_main(config: SearchConfig, worker: int, queue: Any) -> None:
 
 def run_search(config: SearchConfig, on_event: Callable[[TrialEvent], None] | None = None,
                on_start: Callable[[Search], None] | None = None) -> Search:
-    """Open (or resume) the study and run ``config.workers`` workers until it holds ``trials`` counted trials."""
-    search = open_search(config)
+    """Open (or resume) the study and run ``config.workers`` workers until it holds ``trials`` counted trials.
+
+    Each worker trains where ``placements`` puts it; a single worker runs in this process."""
+    config.validate()
+    places = placements(config)
+    workers = len(places)
+    search = open_search(placed(config, places[0], workers) if workers == 1 else replace(config, workers=workers))
+    search.placements = places
+    search.device_label = places[0].label
     if on_start is not None:
         on_start(search)
-    if config.workers == 1:
+    if workers == 1:
         run_worker(search, on_event)
         return search
     config = search.config  # carries the resolved study name
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
-    processes = [context.Process(target=_worker_main, args=(config, w, queue), daemon=False)
-                 for w in range(config.workers)]
+    processes = [context.Process(target=_worker_main, args=(placed(config, p, workers), p.worker, queue, p),
+                                 daemon=False) for p in places]
     for p in processes:
         p.start()
     errors, died, finished = [], [], set()

@@ -39,6 +39,8 @@ class Search:
     study_id: int
     worker: int = 0
     notes: list[str] = field(default_factory=list)  # what the command should say besides the trials (a dead worker)
+    device_label: str = "cpu"  # the machine's device this process trains on (nas.study.placement), for progress
+    placements: list = field(default_factory=list)  # every local worker's Placement (the parent's view)
     _members: list[ArchConfig] | None = field(default=None, repr=False)
 
     @property

@@ -53,6 +53,7 @@ class TrialEvent:
     best: tuple[int, float] | None  # the best shape: (its first trial's number, seed-adjusted loss)
     baseline: float | None  # the baseline's mean loss over its seeds
     reason: str | None = None
+    device: str = "cpu"  # the machine's device the trial trained on
 
 
 def summary(search: Search, trials: list[FrozenTrial]) -> tuple[int, tuple[int, float] | None, float | None]:
@@ -161,7 +162,8 @@ def _event(search: Search, trials: list[FrozenTrial], number: int, role: str, ar
     """The progress event of trial ``number``, from a read of the study made after it was told."""
     n, best, base = summary(search, trials)
     reason = reason or (trials[number].user_attrs.get("reason") if state != "complete" else None)
-    return TrialEvent(number, role, arch, seed, state, loss, wall_time_s, n, search.config.trials, best, base, reason)
+    return TrialEvent(number, role, arch, seed, state, loss, wall_time_s, n, search.config.trials, best, base, reason,
+                      search.device_label)
 
 
 def _may_be_surplus(before_ask: list[FrozenTrial], number: int, target: int) -> bool:

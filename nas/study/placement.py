@@ -1,0 +1,93 @@
+"""Where each local worker of ``nas search --workers N`` trains: its device, its environment, its threads.
+
+A pure function of what the machine has (``plan_placements``), applied first thing in each
+worker process (``apply_placement``), before anything there initialises CUDA:
+
+- ``--device cuda`` (or ``auto`` on a machine with GPUs) and ``N`` workers: worker ``i`` trains on
+  GPU ``i mod n_gpus`` and sees only that one (``CUDA_VISIBLE_DEVICES`` set to it, so inside the
+  worker it is ``cuda:0``; an inherited ``CUDA_VISIBLE_DEVICES`` list is respected: worker ``i``
+  gets its ``i mod n``-th entry). Threads: ``GPU_WORKER_THREADS`` each (a GPU worker's CPU work
+  is the data loader and the Python loop; ``cores / N`` threads would only contend);
+- ``--device cuda:K``: every worker on device ``K``, as given;
+- CPU: ``cores / N`` threads each (``--threads`` overrides it either way).
+
+``--workers auto`` is one worker per visible GPU on a GPU machine, and on a CPU one worker per
+core with one thread each: on 2 cores two 1-thread workers trained 1.2-1.3x the trials per minute
+of one 2-thread worker at the default proxy (README, "Performance"; ``benchmarks/worker_layout``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from nas.errors import UsageError
+
+GPU_WORKER_THREADS = 4  # torch intra-op threads of a worker that trains on a GPU
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One worker's place: the device it trains on (as it names it) and the machine's device it is."""
+
+    worker: int
+    device: str  # what the worker passes to torch: "cpu", "cuda" (its only visible GPU) or "cuda:K"
+    label: str  # the machine's device, for progress lines: "cpu", "cuda:3"
+    threads: int
+    env: dict[str, str] = field(default_factory=dict)  # set in the worker before CUDA is initialised
+
+
+def gpu_count() -> int:
+    """GPUs this process may use (``torch.cuda.device_count`` honours ``CUDA_VISIBLE_DEVICES``)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def cpu_cores() -> int:
+    from runners.device import available_cores
+
+    return available_cores()
+
+
+def resolve_workers(workers: int | str, device: str, n_gpus: int, cores: int) -> int:
+    """``--workers``: a count, or ``auto`` (one per GPU on a GPU device, else one per core)."""
+    if workers != AUTO:
+        return int(workers)
+    uses_gpu = device.startswith("cuda") or (device == "auto" and n_gpus > 0)
+    if uses_gpu and device.startswith("cuda:"):
+        return 1  # pinned to one device: one worker (more would share it; ask for them by number)
+    return max(1, n_gpus) if uses_gpu else max(1, cores)
+
+
+def plan_placements(workers: int, device: str, n_gpus: int, cores: int, threads: int = 0,
+                    visible: str | None = None) -> list[Placement]:
+    """Every worker's ``Placement`` (see the module docstring). ``device`` is the resolved training device name
+    (``auto``, ``cpu``, ``cuda``, ``cuda:K``, ``mps``); ``visible`` the inherited ``CUDA_VISIBLE_DEVICES``."""
+    if workers < 1:
+        raise UsageError(f"--workers {workers} is invalid: give at least 1 or auto")
+    per_cpu_worker = threads or max(1, cores // workers)
+    per_gpu_worker = threads or min(GPU_WORKER_THREADS, max(1, cores // workers))
+    if device.startswith("cuda:"):
+        index = int(device.split(":", 1)[1])
+        if index >= n_gpus:
+            raise UsageError(f"--device {device} does not exist: this machine has {n_gpus} visible GPU(s)"
+                             + (f" (cuda:0..cuda:{n_gpus - 1})" if n_gpus else "; use --device cpu"))
+        return [Placement(w, device, device, per_gpu_worker) for w in range(workers)]
+    if device == "cuda" and n_gpus == 0:
+        raise UsageError("--device cuda: this machine has no visible GPU; use --device cpu or auto")
+    if device == "cuda" or (device == "auto" and n_gpus > 0):
+        ids = [v.strip() for v in visible.split(",") if v.strip()] if visible else [str(i) for i in range(n_gpus)]
+        ids = ids[:n_gpus] or [str(i) for i in range(n_gpus)]
+        if workers == 1:  # one worker keeps the whole machine's view, as a plain `nas search --device cuda`
+            return [Placement(0, "cuda", f"cuda:{ids[0]}", per_gpu_worker)]
+        return [Placement(w, "cuda", f"cuda:{ids[w % len(ids)]}", per_gpu_worker,
+                          {"CUDA_VISIBLE_DEVICES": ids[w % len(ids)]}) for w in range(workers)]
+    label = "cpu" if device in ("auto", "cpu") else device
+    return [Placement(w, device, label, per_cpu_worker) for w in range(workers)]
+
+
+def apply_placement(placement: Placement) -> None:
+    """Set the worker's environment (before CUDA is initialised in this process: call it first)."""
+    os.environ.update(placement.env)
