@@ -80,6 +80,15 @@ def evaluate(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Ten
     return total / len(batches)
 
 
+def in_rows(batches: list[tuple[torch.Tensor, torch.Tensor]], micro: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The validation batches cut into equal pieces of ``micro`` sequences (``micro`` divides the batch; 0 or the
+    batch size: unchanged). Equal pieces keep the mean over all of them the same mean."""
+    rows = batches[0][0].shape[0]
+    if not micro or micro >= rows:
+        return batches
+    return [(x[i:i + micro], y[i:i + micro]) for x, y in batches for i in range(0, rows, micro)]
+
+
 def _batches_per_forward(model: torch.nn.Module, x0: torch.Tensor) -> int:
     """How many (equal-sized) validation batches one evaluation forward takes (see ``EVAL_TOKENS_PER_FORWARD``)."""
     vocab = getattr(getattr(model, "arch", None), "vocab_size", None)
@@ -239,19 +248,21 @@ def _train(model: Transformer, cfg: TrainConfig, data: TokenData, val: list, dev
                              f"(first {first_loss:.4g}, limit {cfg.diverge_factor:g}x)")
             break
         if step in score_steps:
-            score_values.append(evaluate(model, val, device, cfg.dtype))
+            score_values.append(evaluate(model, in_rows(val, cfg.micro_batch), device, cfg.dtype))
         if (step + 1) % eval_interval == 0 or step == steps - 1:
             if step == steps - 1:  # the score, and the attention maps of the trained model
                 if ema is not None:  # score the averaged weights
                     with torch.no_grad():
                         for average, p in zip(ema, params):
                             p.copy_(average)
-                result.val_loss, distances = final_evaluation(model, val, cfg.attention_batches, device, cfg.dtype)
+                rows = in_rows(val, cfg.micro_batch)  # a batch too big to train at once is evaluated in pieces too
+                analysed = cfg.attention_batches * len(rows) // len(val)
+                result.val_loss, distances = final_evaluation(model, rows, analysed, device, cfg.dtype)
                 result.attention_distance = distances if math.isfinite(result.val_loss) else []
                 if score_values and math.isfinite(result.val_loss):
                     result.val_loss = (sum(score_values) + result.val_loss) / (len(score_values) + 1)
             else:
-                result.val_loss = evaluate(model, val[:n_prune_batches], device, cfg.dtype)
+                result.val_loss = evaluate(model, in_rows(val[:n_prune_batches], cfg.micro_batch), device, cfg.dtype)
             result.eval_curve.append((result.tokens_seen, result.val_loss))
             if not math.isfinite(result.val_loss):
                 result.status, result.reason = "diverged", f"validation loss {result.val_loss} at step {step + 1}"
