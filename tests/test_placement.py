@@ -86,3 +86,21 @@ def test_a_search_with_two_faked_gpus_trains_each_workers_trials_on_its_own_devi
     assert placed and placed <= {"cuda:0", "cuda:1"}  # both, unless one worker took every trial while the other
     for e in events:                                   # started: the worker's own device, in storage and progress
         assert trials[e.number].user_attrs["placed_on"] == e.device
+
+
+def test_the_slurm_recipe_runs_a_nas_search_whose_options_the_cli_accepts():
+    import re
+    import shlex
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from nas.cli import app
+
+    script = (Path(__file__).resolve().parents[1] / "examples" / "slurm" / "nas-search.sbatch").read_text()
+    command = re.search(r"^srun (nas search .*?)$", script.replace("\\\n", " "), re.M).group(1)
+    command = command.replace('"$NAS_DATA"', "builtin").replace('"$NAS_STORAGE"', "postgresql://u:p@db:5432/nas")
+    args = shlex.split(command)[1:]
+    assert "--workers" in args and args[args.index("--workers") + 1] == "auto"
+    result = CliRunner().invoke(app, [*args, "--help"])  # every option known: the help, exit 0; else exit 2
+    assert result.exit_code == 0, result.output

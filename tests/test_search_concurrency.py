@@ -122,9 +122,12 @@ def test_two_workers_on_two_machines_share_a_postgresql_study(tmp_path, postgres
         assert_clean(output)
         assert "holds 4 trained trials" in output.splitlines()[-1]
         assert " (complete, " in output or " (pruned, " in output, "one machine trained nothing"
+        assert "1 worker on cpu (1 thread)" in output.splitlines()[0]  # each machine's own placement, pinned
+        assert all(" on cpu: " in line for line in output.splitlines() if line.startswith("["))
 
     trials = load_trials(postgres_url, "shared")
     assert_no_repeated_work(trials, 4)
+    assert {t.user_attrs.get("placed_on") for t in counted(trials) if "duplicate_of" not in t.user_attrs} == {"cpu"}
     assert trials[0].user_attrs["role"] == "baseline" and trials[0].state == TrialState.COMPLETE
     assert not [t.number for t in trials if t.state == TrialState.FAIL and not t.user_attrs.get("surplus")]
     if not overlapping(trials):  # every guarantee above held; only the evidence of parallelism is missing
