@@ -73,9 +73,9 @@ class ProxyConfig:
 
 CONFIGS = (
     ProxyConfig("cpu (32k tokens, B4 T128, lr 1e-2)", seeds=(0, 1, 2, 3, 4, 5)),  # six: the scores' comparison
-    ProxyConfig("2x tokens (64k)", (("tokens", 65_536),)),
+    ProxyConfig("2x tokens (64k)", (("tokens", 65_536),), seeds=(0, 1, 2)),
     ProxyConfig("4x tokens (128k)", (("tokens", 131_072), ("lr", 8e-3))),
-    ProxyConfig("B8, lr 1.4e-2, 64k tokens", (("tokens", 65_536), ("batch_size", 8), ("lr", 1.4e-2))),
+    ProxyConfig("B8, lr 1.4e-2, 64k tokens", (("tokens", 65_536), ("batch_size", 8), ("lr", 1.4e-2)), seeds=(0, 1, 2)),
     ProxyConfig("T64 B8, 32k tokens", (("seq_len", 64), ("batch_size", 8))),
     ProxyConfig("width 48, 64k tokens", (("tokens", 65_536),), d_model=48),
 )

@@ -1,4 +1,4 @@
-"""The ``nas`` command tree as a Click object, for the docs' CLI reference (``mkdocs-click``): generated, not written."""
+"""The ``nas`` command tree as a Click object, for the docs' CLI reference (``mkdocs-click``): generated."""
 
 from __future__ import annotations
 

@@ -12,8 +12,8 @@ worker process (``apply_placement``), before anything there initialises CUDA:
 - CPU: ``cores / N`` threads each (``--threads`` overrides it either way).
 
 ``--workers auto`` is one worker per visible GPU on a GPU machine, and on a CPU one worker per
-core with one thread each: on 2 cores two 1-thread workers trained 1.2-1.3x the trials per minute
-of one 2-thread worker at the default proxy (README, "Performance"; ``benchmarks/worker_layout``).
+core with one thread each: on 2 cores two 1-thread workers trained 1.20x the trials per minute
+of one 2-thread worker at the default proxy (``benchmarks/worker_layout.py``). It is the default.
 """
 
 from __future__ import annotations
