@@ -51,15 +51,15 @@ def test_the_site_builds_strictly_offline(tmp_path):
 
 
 def tiny(args: list[str]) -> list[str]:
-    """A training command as the test runs it: the tiny preset, 1k tokens, at most 3 trials."""
+    """A training command as the test runs it: the tiny preset, 1k tokens, 2 trials."""
     if "--preset" in args:
         args[args.index("--preset") + 1] = "tiny"
     else:
         args += ["--preset", "tiny"]
     if "--trials" in args:
-        args[args.index("--trials") + 1] = "3"
+        args[args.index("--trials") + 1] = "2"
     elif args[0] == "search":
-        args += ["--trials", "3"]
+        args += ["--trials", "2"]
     if args[0] == "rerun":
         args += ["--runs", "runs"]
     return args + ["--tokens", "1k"]

@@ -238,7 +238,7 @@ def test_shape_files_that_are_no_shape(workdir, text, command):
 
 
 # ----------------------------------------------------------------- studies in the storage, not only command lines
-STORED = settings(FUZZ, max_examples=40)
+STORED = settings(FUZZ, max_examples=20)
 BROKEN_ATTRS = {
     "val_loss": ["2.9", [], {"x": 1}, True], "heads": ["4,4,4,4", [0, 4, 4, 4], [], [4.5] * 4, "x", {"4": 4}],
     "seed": ["0", -1, 1.5, None, [0]], "key": [3, [], {"k": 1}], "role": [3, ["member"]],
