@@ -6,10 +6,11 @@ import optuna
 from optuna.trial import TrialState
 
 from nas.study.config import SearchConfig
-from nas.study.session import MEDIAN_STARTUP_TRIALS, make_pruner, resolved_pruner
+from nas.study.session import MEDIAN_STARTUP_TRIALS, first_pruning_point, make_pruner, resolved_pruner
 from runners.config import TrainConfig
+from runners.presets import get_preset
 
-STEP = 8_192
+STEP = first_pruning_point(TrainConfig())
 
 
 def _study() -> optuna.Study:
@@ -29,9 +30,9 @@ def _duplicate(study: optuna.Study, loss: float) -> None:
     study.tell(study.ask(), loss)
 
 
-def _would_prune(study: optuna.Study, loss: float) -> bool:
+def _would_prune(study: optuna.Study, loss: float, step: int = STEP) -> bool:
     trial = study.ask()
-    trial.report(loss, STEP)
+    trial.report(loss, step)
     pruned = trial.should_prune()
     study.tell(trial, state=TrialState.PRUNED if pruned else TrialState.FAIL)
     return pruned
@@ -60,3 +61,22 @@ def test_auto_trains_every_member_of_an_exhaustive_walk_to_the_end_and_prunes_sa
     # asked for by name, a pruner prunes a walk too
     assert isinstance(make_pruner(SearchConfig(pruner="median"), TrainConfig(), exhaustive=True),
                       optuna.pruners.MedianPruner)
+
+
+def test_the_median_pruner_waits_for_half_the_trial_where_early_losses_rank_runs() -> None:
+    cpu = get_preset("cpu").train
+    # the default proxy evaluates every 8k of its 32k tokens: 8k ranks runs at Spearman 0.29, 16k at 0.74
+    assert first_pruning_point(cpu) == 16_384
+    assert first_pruning_point(cpu.with_(eval_every=4_096)) == 16_384
+    assert first_pruning_point(cpu.with_(eval_every=12_288)) == 24_576
+    # a trial with one evaluation before its end can still be pruned there
+    assert first_pruning_point(cpu.with_(eval_every=16_384)) == 16_384
+    assert first_pruning_point(cpu.with_(eval_every=32_768)) == 32_768
+    study = _study()
+    for _ in range(MEDIAN_STARTUP_TRIALS):
+        trial = study.ask()
+        for step in range(STEP // 2, STEP + 1, STEP // 2):
+            trial.report(2.0, step)
+        study.tell(trial, 2.0)
+    assert not _would_prune(study, 9.0, step=STEP // 2)  # before the first pruning point: never
+    assert _would_prune(study, 9.0, step=STEP)
