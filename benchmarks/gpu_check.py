@@ -92,8 +92,12 @@ def _search_check(smoke: bool, device: str, out: Path) -> dict:
     seconds = time.perf_counter() - started
     if proc.returncode != 0:
         return {"status": f"FAILED (exit {proc.returncode}): {proc.stderr.strip()[-400:]}", "seconds": seconds}
+    from nas.study.records import counts
+
     trials = optuna.load_study(study_name="gpu-check", storage=storage).get_trials()
-    done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+    # the trainings: a duplicate answered from the store or a surplus trial of two workers racing for the last
+    # slot is COMPLETE too, but trained nothing (seen on the slower 2-core machine: 5 COMPLETE for 4 trainings)
+    done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE and counts(t)]
     return {"status": "ok", "seconds": seconds, "trials": len(done),
             "placed_on": sorted({t.user_attrs.get("placed_on", "?") for t in done}),
             "trial_s": [round(t.user_attrs.get("wall_time_s", 0.0), 1) for t in done],
