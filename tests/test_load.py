@@ -113,16 +113,20 @@ def test_four_workers_and_a_second_study_under_readers_lose_and_repeat_nothing(t
     log_a, log_b, log_d = tmp_path / "a.log", tmp_path / "b.log", tmp_path / "dashboard.log"
     a = start_nas("search", "--space", "prism", "--layers", "6", *common, "--workers", "4", "--threads", "1",
                   "--study-name", "load-a", cwd=tmp_path, log=log_a, cores=None)
-    wait_for(lambda: any(t.state == TrialState.COMPLETE for t in load_trials(storage, "load-a")), 120,
-             "study A's first trial", process=a, log=log_a)
+    # study B and the dashboard start once A has made the file's schema, and start up while A's workers do (each
+    # start-up imports torch: one after the other they took half a minute of the test on the slower machine)
+    wait_for(lambda: "load-a" in study_names(tmp_path / "load.db"), 120, "study A", process=a, log=log_a)
     b = start_nas("search", "--space", "hourglass", *common, "--threads", "1", "--study-name", "load-b",
                   cwd=tmp_path, log=log_b, cores=None)
-    wait_for(lambda: study_names(tmp_path / "load.db") >= {"load-a", "load-b"}, 120, "study B", process=b, log=log_b)
     port = free_port()
     dashboard = start_nas("dashboard", "--storage", storage, "--port", str(port), cwd=tmp_path, log=log_d,
                           cores=None)
     started = time.monotonic()
     try:
+        wait_for(lambda: any(t.state == TrialState.COMPLETE for t in load_trials(storage, "load-a")), 120,
+                 "study A's first trial", process=a, log=log_a)
+        wait_for(lambda: study_names(tmp_path / "load.db") >= {"load-a", "load-b"}, 120, "study B", process=b,
+                 log=log_b)
         wait_for(lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=5).status == 200,
                  90, "the dashboard", process=dashboard, log=log_d)
         with Readers(storage, tmp_path, port) as readers:
