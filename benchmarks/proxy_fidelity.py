@@ -39,7 +39,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.reference_panel import REFERENCE_FILE, load_panel, losses_by_shape, noise, panel_shapes, train_runs
+from benchmarks.reference_panel import (
+    REFERENCE_FILE,
+    load_panel,
+    losses_by_shape,
+    noise,
+    panel_shapes,
+    split_tau,
+    train_runs,
+)
 
 FIDELITY_FILE = Path(__file__).parent / "data" / "proxy_fidelity.json"
 SCORES = ("final", "train_mean", "train_last_half", "val_auc", "extrapolated")
@@ -114,6 +122,23 @@ def scores_of(run: dict[str, Any], reference_tokens: int) -> dict[str, float]:
             "extrapolated": fit_extrapolate(run["eval_curve"], reference_tokens)}
 
 
+def pruning_spearman(runs: list[dict[str, Any]]) -> dict[int, float]:
+    """``{tokens: Spearman rho}`` between every run's validation loss at an intermediate evaluation and its final
+    score, over all the configuration's runs (shapes x seeds): how well a pruner that stops there keeps the runs
+    that end best (``nas.study.session.first_pruning_point`` is derived from the default proxy's row)."""
+    from scipy import stats
+
+    ok = [r for r in runs if r["status"] == "ok" and r["val_loss"] is not None and math.isfinite(r["val_loss"])]
+    points = sorted({int(t) for r in ok for t, _ in r["eval_curve"][:-1]})
+    out: dict[int, float] = {}
+    for tokens in points:
+        pairs = [({int(t): v for t, v in r["eval_curve"]}.get(tokens), r["val_loss"]) for r in ok]
+        pairs = [(a, b) for a, b in pairs if a is not None and math.isfinite(a)]
+        if len(pairs) >= 3:
+            out[tokens] = float(stats.spearmanr(*zip(*pairs)).statistic)
+    return out
+
+
 # ----------------------------------------------------------------- the figure
 def evaluate_config(runs: list[dict[str, Any]], panel: dict[str, Any], baseline: str,
                     key_map: dict[str, str]) -> dict[str, Any]:
@@ -125,7 +150,8 @@ def evaluate_config(runs: list[dict[str, Any]], panel: dict[str, Any], baseline:
     reference_tokens = int(panel["train"]["tokens"])
     ok = [r for r in runs if r["status"] == "ok" and r["val_loss"] is not None and math.isfinite(r["val_loss"])]
     seconds = statistics.median(r["wall_time_s"] for r in ok) if ok else math.nan
-    out: dict[str, Any] = {"cpu_s_per_trial": seconds, "runs": len(runs), "ok": len(ok), "scores": {}}
+    out: dict[str, Any] = {"cpu_s_per_trial": seconds, "runs": len(runs), "ok": len(ok), "scores": {},
+                           "pruning_spearman": pruning_spearman(runs)}
     for score in SCORES:
         table: dict[str, dict[int, float]] = {}
         for r in ok:
@@ -137,7 +163,7 @@ def evaluate_config(runs: list[dict[str, Any]], panel: dict[str, Any], baseline:
         figures = noise(table, baseline)
         agreement = kendall_tau({k: list(v.values()) for k, v in table.items()},
                                 {k: list(v.values()) for k, v in reference.items()})
-        out["scores"][score] = {**figures, "tau": agreement.tau if agreement else None,
+        out["scores"][score] = {**figures, "split_tau": split_tau(table), "tau": agreement.tau if agreement else None,
                                 "tau_low": agreement.low if agreement else None,
                                 "tau_high": agreement.high if agreement else None}
     return out
@@ -149,19 +175,31 @@ def figure_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
         for score, f in config["result"]["scores"].items():
             rows.append({"proxy": config["name"], "score": score, "cpu s/trial": config["result"]["cpu_s_per_trial"],
                          "seed sd": f["seed_sd"], "paired sd": f["paired_sd"], "spread": f["true_mean_spread"],
-                         "separation": f["separation"], "tau vs panel": f["tau"], "tau low": f["tau_low"],
+                         "separation": f["separation"], "self tau": f["split_tau"],
+                         "tau vs panel": f["tau"], "tau low": f["tau_low"],
                          "tau high": f["tau_high"]})
     return rows
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    lines = ["| proxy | score | CPU s/trial | seed sd | paired sd | spread | separation | Kendall tau vs panel "
-             "[95 % CI] |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| proxy | score | CPU s/trial | seed sd | paired sd | spread | separation | self tau | Kendall tau vs "
+             "panel [95 % CI] |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         tau = "-" if r["tau vs panel"] is None else \
             f"{r['tau vs panel']:+.2f} [{r['tau low']:+.2f}, {r['tau high']:+.2f}]"
         lines.append(f"| {r['proxy']} | {r['score']} | {r['cpu s/trial']:.1f} | {r['seed sd']:.4f} | "
-                     f"{r['paired sd']:.4f} | {r['spread']:.4f} | {r['separation']:.2f} | {tau} |")
+                     f"{r['paired sd']:.4f} | {r['spread']:.4f} | {r['separation']:.2f} | {r['self tau']:+.2f} | "
+                     f"{tau} |")
+    return "\n".join(lines)
+
+
+def pruning_markdown(data: dict[str, Any]) -> str:
+    """Per configuration: Spearman rho of the loss at each evaluation against the final score (``pruning_spearman``)."""
+    lines = ["| proxy | Spearman rho of the loss at k tokens with the final score |", "|---|---|"]
+    for config in data["configs"]:
+        points = config["result"].get("pruning_spearman", {})
+        cells = ", ".join(f"{int(t) // 1024}k {rho:.2f}" for t, rho in sorted(points.items(), key=lambda x: int(x[0])))
+        lines.append(f"| {config['name']} | {cells} |")
     return "\n".join(lines)
 
 
@@ -206,10 +244,19 @@ def main(argv: list[str] | None = None) -> int:
         if args.only:
             configs = tuple(configs[int(i) - 1] for i in args.only.split(","))
         data = run_configs(configs, args.smoke, max(1, args.processes))
+        if args.only and args.out.exists():  # the configurations not re-run keep their stored runs
+            stored = json.loads(args.out.read_text())
+            fresh = {c["name"] for c in data["configs"]}
+            order = [c.name for c in CONFIGS]
+            kept = [c for c in stored["configs"] if c["name"] not in fresh]
+            data["configs"] = sorted(kept + data["configs"],
+                                     key=lambda c: order.index(c["name"]) if c["name"] in order else len(order))
     data = with_results(data, panel)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(data, indent=1) + "\n")
     print(markdown(figure_rows(data)))
+    print()
+    print(pruning_markdown(data))
     return 0
 
 
