@@ -116,11 +116,33 @@ def simulate_study(policy: str, budget: int, seed: int, race_size: int = 8,
                          pooled_paired_sd(data.scores, truth.baseline))
              if pick != truth.baseline else None)
     naive_covered = naive is not None and naive.low_pct is not None and naive.low_pct <= true_gain <= naive.high_pct
-    return {"correct": float(pick == truth.best), "in_tied": float(truth.best in summary.tied),
+    board = board_quality(data.scores, truth)
+    return {**board, "correct": float(pick == truth.best), "in_tied": float(truth.best in summary.tied),
             "regret": truth.means[pick] - truth.means[truth.best], "covered": float(covered),
             "naive_covered": float(naive_covered),
             "has_interval": float(gain is not None and gain.low_pct is not None),
             "tied_size": float(len(summary.tied)), "pick_is_baseline": float(pick == truth.baseline)}
+
+
+def board_quality(scores: dict, truth: Truth) -> dict[str, float]:
+    """The leaderboard's ranking against the truth, for the shrunk ranking (``reports.shrinkage``, today's) and the
+    seed-adjusted one (before): Spearman correlation of each shape's ranked loss with its true mean, and the regret
+    of the board's rank 1."""
+    from scipy import stats
+
+    from nas.study.records import seed_adjusted_means
+    from reports.shrinkage import ranked_losses, ranking
+
+    out = {}
+    keys = list(scores)
+    true = [truth.means[k] for k in keys]
+    best = truth.means[truth.best]
+    for name, ranked, top in (("shrunk", ranked_losses(scores, truth.baseline), ranking(scores, truth.baseline)[0]),
+                              ("adjusted", adjusted := seed_adjusted_means(scores, truth.baseline),
+                               min(adjusted, key=adjusted.get))):
+        out[f"board_rho_{name}"] = float(stats.spearmanr([ranked[k] for k in keys], true).statistic)
+        out[f"board_regret_{name}"] = truth.means[top] - best
+    return out
 
 
 def simulate_oracle(budget: int, seed: int, paired_sd: float = PAIRED_SD) -> dict[str, float]:
@@ -184,7 +206,11 @@ def _row(policy: str, budget: int, noise: str, outcomes: list[dict[str, float]])
                     statistics.fmean(o["covered"] for o in with_interval) if with_interval else None,
                 "coverage with the selecting seed (before)":
                     statistics.fmean(o["naive_covered"] for o in with_interval) if with_interval else None,
-                "studies with an interval": len(with_interval) / len(outcomes)})
+                "studies with an interval": len(with_interval) / len(outcomes),
+                "board: Spearman with truth, shrunk (seed-adjusted)":
+                    f"{mean['board_rho_shrunk']:.3f} ({mean['board_rho_adjusted']:.3f})",
+                "board: rank-1 regret, shrunk (seed-adjusted)":
+                    f"{mean['board_regret_shrunk']:.4f} ({mean['board_regret_adjusted']:.4f})"})
     return row
 
 
@@ -226,9 +252,46 @@ def run(cfg: BenchConfig) -> Figure:
                 "sampling that knows the prior and the seed effects (a bound, not a policy)"),
         columns=["policy", "noise", "replicate trials", "studies", "P(pick = true best)", "P(true best in tied set)",
                  "mean regret (nats)", "mean tied-set size", "interval coverage (nominal 95 %)",
-                 "coverage with the selecting seed (before)", "studies with an interval"],
+                 "coverage with the selecting seed (before)", "studies with an interval",
+                 "board: Spearman with truth, shrunk (seed-adjusted)", "board: rank-1 regret, shrunk (seed-adjusted)"],
         rows=rows, passed=passed,
         summary=(f"fixed at {full} replicate trials picks the true best in {today:.0%}; racing reaches it with "
                  f"{reached(race_at)} trials, the oracle bound with {reached(oracle_at)}; racing's interval "
                  f"coverage {race_cov:.0%}" if race_cov is not None else "no intervals"),
         seconds=time.perf_counter() - started, smoke=cfg.smoke)
+
+
+def board_rows(studies: int, processes: int = 2, seed: int = 0) -> list[dict[str, object]]:
+    """Only the leaderboard's measurement: ``fixed`` and ``race`` at every replicate budget, ``studies`` each, at the
+    measured and the halved paired noise (``python -m benchmarks.ranking_simulation --board``)."""
+    plan = [(policy, budget, noise, sd) for noise, sd in (("measured", PAIRED_SD), (f"paired sd x{QUIETER}",
+                                                                                   PAIRED_SD * QUIETER))
+            for policy in ("fixed", "race") for budget in REPLICATE_BUDGETS]
+    rows = []
+    with multiprocessing.get_context("spawn").Pool(max(1, processes)) as pool:
+        for policy, budget, noise, paired_sd in plan:
+            outcomes = pool.map(_one, [(policy, budget, seed * 100_000 + i, paired_sd) for i in range(studies)])
+            mean = {k: statistics.fmean(o[k] for o in outcomes) for k in outcomes[0]}
+            rows.append({"policy": policy, "noise": noise, "replicate trials": budget, "studies": studies,
+                         **{k: mean[k] for k in ("board_rho_shrunk", "board_rho_adjusted", "board_regret_shrunk",
+                                                 "board_regret_adjusted")}})
+    return rows
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.ranking_simulation",
+                                     description="figure 10's leaderboard measurement (the whole figure: nas bench "
+                                                 "--only 10)")
+    parser.add_argument("--board", action="store_true", help="the shrunk vs seed-adjusted leaderboard rows")
+    parser.add_argument("--studies", type=int, default=STUDIES)
+    parser.add_argument("--processes", type=int, default=2)
+    args = parser.parse_args()
+    if args.board:
+        print("| policy | noise | replicate trials | studies | Spearman with truth: shrunk (seed-adj.) | "
+              "rank-1 regret, nats: shrunk (seed-adj.) |\n|---|---|---|---|---|---|")
+        for r in board_rows(args.studies, args.processes):
+            print(f"| {r['policy']} | {r['noise']} | {r['replicate trials']} | {r['studies']} | "
+                  f"{r['board_rho_shrunk']:.3f} ({r['board_rho_adjusted']:.3f}) | "
+                  f"{r['board_regret_shrunk']:.4f} ({r['board_regret_adjusted']:.4f}) |")

@@ -14,6 +14,7 @@ import optuna
 import optuna_dashboard
 
 from reports.frame import StudyData, read_study
+from reports.leaderboard import expected_gain_text
 from reports.summary import gain_text, honest_gain, shape_label, summarise
 
 NOTE_ROWS = 10
@@ -23,19 +24,21 @@ def note_text(data: StudyData, top: int = NOTE_ROWS) -> str:
     """The note, in Markdown."""
     summary = summarise(data)
     lines = [f"## {data.name}", "", f"**{summary.sentence}**", "",
-             "Ranked by seed-adjusted loss (the baseline's mean plus the paired difference on shared seeds); "
+             "Ranked by expected gain (the paired gain over the baseline on shared seeds, shrunk by what the "
+             "shape's number of seeds supports: one lucky seed does not top the board); "
              "the dashboard's own *best trial* is one seed, not a shape. "
              f"`nas report --study-name {data.name}` draws the whole picture.", ""]
     if data.board.empty:
         return "\n".join(lines)
-    lines += ["| rank | shape | seeds | adj. loss | mean loss | ± ci95 | paired gain vs baseline | tied |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += ["| rank | shape | seeds | expected gain [95 %] | adj. loss | mean loss | ± ci95 | paired gain vs "
+              "baseline | tied |", "|---|---|---|---|---|---|---|---|---|"]
     shown = data.board[(data.board.index < top) | data.board["is_baseline"]]
     for r in shown.itertuples():
         gain = honest_gain(data, r.key) if r.key != data.baseline_key else None
         ci = f"{r.ci95:.4f}" if r.ci95 == r.ci95 and r.ci95 is not None else "-"
         label = shape_label(data, r.key).replace("|", "/") + (" (baseline)" if r.is_baseline else "")
-        lines.append(f"| {r.rank} | {label} | {r.seeds} | {r.adjusted_loss:.4f} | {r.mean_loss:.4f} | {ci} | "
+        lines.append(f"| {r.rank} | {label} | {r.seeds} | {expected_gain_text(r)} | {r.adjusted_loss:.4f} | "
+                     f"{r.mean_loss:.4f} | {ci} | "
                      f"{gain_text(data, r.key, gain)} | {'yes' if r.key in summary.tied else ''} |")
     return "\n".join(lines)
 

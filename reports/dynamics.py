@@ -1,7 +1,8 @@
 """Section 5: how the search went: its history, the pruning curves, parameter importances, the Pareto front.
 
-The history is drawn from the trained trials with the best *seed-adjusted loss* so far (what the
-leaderboard ranks by); Optuna's own "best value" line would follow the single luckiest trial.
+The history is drawn from the trained trials with the best *ranked loss* so far (what the
+leaderboard ranks by: the baseline's mean plus the shape's shrunk paired difference,
+``reports.shrinkage``); Optuna's own "best value" line would follow the single luckiest trial.
 Pruning curves, importances and the Pareto front are Optuna's (``optuna.visualization``,
 ``optuna.importance``), drawn on a copy of the study that holds its trained trials only:
 duplicates (answered from an earlier trial) would count a shape twice.
@@ -15,9 +16,10 @@ import optuna
 import plotly.graph_objects as go
 from optuna.trial import FrozenTrial, TrialState
 
-from nas.study.records import ShapeScores, adjusted_mean, counts, loss_of, mean_by_seed, seed_adjusted_means
+from nas.study.records import ShapeScores, counts, loss_of
 from reports.frame import StudyData
 from reports.page import Section, plot_text
+from reports.shrinkage import lowest_ranked_loss
 from reports.summary import shape_label
 
 ROLE_COLOURS = {"baseline": "#d95f02", "member": "#22558c", "sampled": "#22558c", "replicate": "#1b9e77",
@@ -32,28 +34,20 @@ def trained_copy(data: StudyData) -> optuna.Study:
 
 
 def best_so_far(data: StudyData, completed: list[FrozenTrial]) -> tuple[list[int], list[float]]:
-    """(trial number, best seed-adjusted loss among the shapes trained so far) as each training arrives.
+    """(trial number, the board's best ranked loss among the shapes trained so far) as each training arrives.
 
-    The leaderboard's ranking (``nas.study.records.seed_adjusted_means``) replayed in trial order: a new
-    training of a shape changes that shape's entry, one of the baseline changes every entry.
+    The leaderboard's ranking (``reports.shrinkage``: the baseline's mean plus each shape's shrunk difference from
+    it) recomputed after every training, on the trainings so far.
     """
     scores: dict[str, ShapeScores] = {}
-    adjusted: dict[str, float] = {}
     steps_x, steps_y = [], []
     for t in completed:
         key = t.user_attrs["key"]
         old = scores.get(key, ShapeScores(key, (), (), ()))
         scores[key] = ShapeScores(key, (*old.trials, t.number), (*old.seeds, int(t.user_attrs.get("seed", 0))),
                                   (*old.losses, loss_of(t)))
-        base = scores.get(data.baseline_key)
-        if base is None:
-            adjusted[key] = scores[key].mean
-        elif key == data.baseline_key:
-            adjusted = seed_adjusted_means(scores, data.baseline_key)
-        else:
-            adjusted[key] = adjusted_mean(scores[key], mean_by_seed(base), base.mean)
         steps_x.append(t.number)
-        steps_y.append(min(adjusted.values()))
+        steps_y.append(lowest_ranked_loss(scores, data.baseline_key))
     return steps_x, steps_y
 
 
@@ -70,7 +64,7 @@ def history_figure(data: StudyData) -> go.Figure:
                                  hovertemplate="#%{x} %{text}<br>loss %{y:.4f}<extra></extra>"))
     steps_x, steps_y = best_so_far(data, [t for t in trained if t.state == TrialState.COMPLETE])
     fig.add_trace(go.Scatter(x=steps_x, y=steps_y, mode="lines", line_shape="hv",
-                             name="best shape's seed-adjusted loss so far<br>(as nas best ranks; seeds can raise it)",
+                             name="best shape's ranked loss so far<br>(as nas best ranks; seeds can raise it)",
                              line={"color": "#1d2733", "width": 2}))
     fig.update_xaxes(title_text="trial")
     fig.update_yaxes(title_text="validation loss")

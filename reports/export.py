@@ -31,6 +31,9 @@ def export_rows(data: StudyData, top: int) -> list[dict[str, Any]]:
         rows.append({
             "rank": int(r.rank), "shape": shape_label(data, r.key), "heads": r.heads, "k": _number(r.k),
             "d_h": _number(r.d_h), "d_model": _number(r.d_model), "layers": _number(r.layers), "seeds": int(r.seeds),
+            "ranked_loss": _number(r.ranked_loss), "expected_gain_pct": _number(r.expected_gain_pct),
+            "expected_gain_low": _number(r.expected_gain_low), "expected_gain_high": _number(r.expected_gain_high),
+            "shrink": _number(r.shrink),
             "adjusted_loss": _number(r.adjusted_loss), "mean_loss": _number(r.mean_loss), "ci95": _number(r.ci95),
             "gain_pct": _number(r.gain_pct),
             "paired_gain_pct": gain.gain_pct if gain else None, "paired_gain_low": gain.low_pct if gain else None,

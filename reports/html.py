@@ -18,6 +18,7 @@ from reports.attention import attention_section
 from reports.curves import curves_section
 from reports.dynamics import dynamics_section
 from reports.frame import StudyData
+from reports.leaderboard import expected_gain_text
 from reports.page import Section, render_page, table, text
 from reports.reruns import reruns_section
 from reports.staircases import staircase_section
@@ -50,10 +51,11 @@ def summary_section(data: StudyData, summary: Summary) -> Section:
 
 def leaderboard_section(data: StudyData, summary: Summary, top: int) -> Section:
     section = Section("leaderboard", "Leaderboard",
-                      "Read off the ranking (the numbers of `nas best`) by seed-adjusted loss: the baseline's mean "
-                      "plus the shape's mean paired difference on the seeds both share, so that a shape trained on "
-                      "one seed and one raced over many rank on one scale; then its plain mean over seeds, its "
-                      "paired gain over the baseline on common seeds, and which shapes are tied with the best.")
+                      "Read off the ranking (the numbers of `nas best`) by expected gain: the shape's paired gain "
+                      "over the baseline shrunk by what its number of seeds supports (an empirical-Bayes posterior "
+                      "mean with its 95 % interval), so that one lucky seed does not top the board; then the "
+                      "unshrunk seed-adjusted loss, the plain mean over seeds, the paired gain on common seeds "
+                      "without the selecting seed, and which shapes are tied with the best.")
     if data.board.empty:
         section.empty = "no shape has completed a training yet"
         return section
@@ -63,7 +65,8 @@ def leaderboard_section(data: StudyData, summary: Summary, top: int) -> Section:
     for r in shown.itertuples():
         gain = honest_gain(data, r.key) if r.key != data.baseline_key else None
         rows.append({"rank": r.rank, "shape": shape_label(data, r.key), "seeds": r.seeds,
-                     "seed-adj. loss": r.adjusted_loss, "mean loss": r.mean_loss,
+                     "expected gain % [95 %]": expected_gain_text(r), "seed-adj. loss": r.adjusted_loss,
+                     "mean loss": r.mean_loss,
                      "± ci95": r.ci95, "gain % (adj.)": r.gain_pct,
                      "paired gain vs baseline": gain_text(data, r.key, gain),
                      "tied with best": r.key in tied, "params": r.params, "tokens/s": r.tokens_per_s,

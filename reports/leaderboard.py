@@ -1,7 +1,10 @@
-"""The leaderboard: one row per shape, ranked by its seed-adjusted loss, with its mean over seeds and a 95% CI.
+"""The leaderboard: one row per shape, ranked by its shrunk paired gain, with its mean over seeds and a 95% CI.
 
-``adjusted_loss`` (``nas.study.records.seed_adjusted_means``) is the shape's loss put on the
-baseline's seeds: shapes trained on seed 0 only and shapes raced over nine seeds rank on one scale.
+``ranked_loss`` (``reports.shrinkage``) is the baseline's mean loss plus the empirical-Bayes posterior
+mean of the shape's paired difference from it: a one-seed shape is shown at the gain it can be
+expected to keep (``expected_gain_pct`` with its 95 % posterior interval, ``shrink`` the weight its own
+seeds get), so one lucky seed does not top the board. ``adjusted_loss``
+(``nas.study.records.seed_adjusted_means``) is the unshrunk loss put on the baseline's seeds.
 ``ci95 = t_{0.975, n-1} * s / sqrt(n)`` (Student's t quantile from ``scipy.stats``, sample
 standard deviation ``s`` over the shape's seed replicates; none for a single seed).
 ``gain_pct = 100 (L_base - L_adj) / L_base``: positive when the shape beats the baseline's mean loss.
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import math
 from statistics import fmean, stdev
+from typing import Any
 
 import optuna
 import pandas as pd
@@ -21,6 +25,7 @@ from scipy import stats
 
 from nas.arch import format_plateaus
 from nas.study.records import scores_by_shape, seed_adjusted_means
+from reports.shrinkage import ranked_losses, ranking, shrunk_gains
 
 
 def ci95(values: list[float] | tuple[float, ...]) -> float | None:
@@ -32,7 +37,7 @@ def ci95(values: list[float] | tuple[float, ...]) -> float | None:
 
 
 def leaderboard(study: optuna.Study, top: int | None = None) -> pd.DataFrame:
-    """Shapes ranked by seed-adjusted loss; the baseline row is always included (``is_baseline``).
+    """Shapes ranked by ``reports.shrinkage.ranking``; the baseline row is always included (``is_baseline``).
 
     Each row carries the shape itself as ``arch`` (an ``ArchConfig`` dict), so that a row of
     ``nas best --format json`` is a valid ``nas train --config``.
@@ -47,8 +52,11 @@ def leaderboard_of(trials: list[FrozenTrial], baseline_key: str | None, top: int
         return pd.DataFrame()
     base = scores.get(baseline_key)
     adjusted = seed_adjusted_means(scores, baseline_key)
+    ranked, (gains, _) = ranked_losses(scores, baseline_key), shrunk_gains(scores, baseline_key)
     rows = []
-    for key, shape in scores.items():
+    for key in ranking(scores, baseline_key):
+        shape, gain = scores[key], gains.get(key)
+        interval = gain.interval_pct(base.mean) if gain is not None and base else None
         attrs = [trials[n].user_attrs for n in shape.trials]
         first = attrs[0]
         mean, adj = shape.mean, adjusted[key]
@@ -56,14 +64,30 @@ def leaderboard_of(trials: list[FrozenTrial], baseline_key: str | None, top: int
         rows.append({
             "heads": format_plateaus(first["heads"]), "k": first.get("k"), "d_h": first.get("d_h"),
             "d_model": first.get("d_model"), "layers": first.get("layers"), "seeds": shape.n,
+            "ranked_loss": ranked[key],
+            "expected_gain_pct": gain.gain_pct(base.mean) if gain is not None and base else None,
+            "expected_gain_low": interval[0] if interval else None,
+            "expected_gain_high": interval[1] if interval else None,
+            "shrink": gain.weight if gain is not None else None,
             "adjusted_loss": adj, "mean_loss": mean, "ci95": ci95(shape.losses),
             "gain_pct": 100 * (base.mean - adj) / base.mean if base else None,
             "params": first.get("params"), "tokens_per_s": fmean(speeds) if speeds else None,
             "trials": ",".join(map(str, shape.trials)), "is_baseline": key == baseline_key, "key": key,
             "arch": first.get("arch"),
         })
-    board = pd.DataFrame(rows).sort_values(["adjusted_loss", "mean_loss"], kind="stable").reset_index(drop=True)
+    board = pd.DataFrame(rows)  # already in the ranking's order
     board.insert(0, "rank", range(1, len(board) + 1))
     if top is not None:
         board = board[(board.index < top) | board["is_baseline"]]
     return board
+
+
+def expected_gain_text(row: Any) -> str:
+    """A board row's shrunk gain: ``+0.31 % [-0.20, +0.82]`` (95 % posterior), ``-`` for the baseline."""
+    value, low, high = (getattr(row, name, None) for name in ("expected_gain_pct", "expected_gain_low",
+                                                            "expected_gain_high"))
+    if getattr(row, "is_baseline", False) or value is None or value != value:
+        return "-"
+    if low is None or low != low:
+        return f"{value:+.2f} % (not shrunk yet)"
+    return f"{value:+.2f} % [{low:+.2f}, {high:+.2f}]"

@@ -110,21 +110,30 @@ def test_without_a_baseline_or_a_common_seed_the_adjusted_loss_is_the_plain_mean
 
 def test_the_history_line_replays_the_leaderboards_ranking_in_trial_order(study):
     """``reports.dynamics.best_so_far`` updates incrementally; after every training it equals the ranking
-    recomputed from scratch on the trials so far (baseline trainings arriving late included)."""
+    recomputed from scratch on the trials so far (baseline trainings arriving late included, seeds trained twice,
+    shapes with and without a seed in common with the baseline, the prior's spread at 0 and above it)."""
     import random
     from types import SimpleNamespace
 
-    from nas.study.records import seed_adjusted_means
     from reports.dynamics import best_so_far
+    from reports.shrinkage import ranked_losses, shrunk_gains
 
     rng = random.Random(7)
-    shapes = [STEP, ArchConfig(n_layers=4, d_model=32, heads=(1, 1, 4, 4), ffn=BASE.ffn, vocab_size=256)]
+    shapes = [STEP, *(ArchConfig(n_layers=4, d_model=32, heads=h, ffn=BASE.ffn, vocab_size=256)
+                      for h in ((1, 1, 4, 4), (1, 2, 4, 4), (2, 4, 4, 4), (1, 1, 2, 4)))]
+    effect = {a.key(): rng.gauss(0, 0.1) for a in shapes}
     add(study, STEP, 0, 3.1)  # before the baseline: plain means
-    for _ in range(30):
-        arch = BASE if rng.random() < 0.3 else rng.choice(shapes)
-        add(study, arch, rng.randrange(4), 3.0 + rng.random() / 5, role="race")
+    add(study, shapes[1], 9, 3.05)  # never a seed in common with the baseline
+    for _ in range(60):
+        arch = BASE if rng.random() < 0.25 else rng.choice(shapes)
+        add(study, arch, rng.randrange(5), 3.0 + effect.get(arch.key(), 0) + rng.gauss(0, 0.05), role="race")
     trials = study.get_trials()
     xs, ys = best_so_far(SimpleNamespace(baseline_key=BASE.key()), trials)
     assert xs == [t.number for t in trials]
+    spreads = set()
     for i, y in enumerate(ys):
-        assert y == pytest.approx(min(seed_adjusted_means(scores_by_shape(trials[:i + 1]), BASE.key()).values()))
+        scores = scores_by_shape(trials[:i + 1])
+        assert y == pytest.approx(min(ranked_losses(scores, BASE.key()).values()))
+        prior = shrunk_gains(scores, BASE.key())[1]
+        spreads.add(None if prior is None or not prior.shrinks else prior.tau > 0)
+    assert {None, True} <= spreads  # replayed before the prior could be estimated and after

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -49,12 +50,14 @@ def best(
     top: TopOpt = 10,
     format: Annotated[TableOrJson, typer.Option("--format", help="Output format.")] = TableOrJson.table,
 ) -> None:
-    """The leaderboard: shape, seed-adjusted loss (the rank), mean loss ± 95% CI over seeds, paired gain over the
-    baseline with its interval, whether it is tied with the best, parameters, tokens/s. JSON rows are valid
+    """The leaderboard: shape, expected gain (the rank: the paired gain over the baseline shrunk by what the shape's
+    seeds support), seed-adjusted loss, mean loss ± 95% CI over seeds, paired gain over the baseline with its
+    interval, whether it is tied with the best, parameters, tokens/s. JSON rows are valid
     `nas train --config` files."""
     from nas.study.storage import load_existing_study
     from reports.export import export_rows
     from reports.frame import read_study
+    from reports.leaderboard import expected_gain_text
     from reports.summary import summarise
 
     if top < 1:
@@ -70,8 +73,12 @@ def best(
         return
     typer.echo(summarise(data).sentence)
     typer.echo(f"{'rank':>4}  {'heads':<28} {'K':>2} {'d_h':>5} {'d':>5} {'L':>3} {'seeds':>5}  "
-               f"{'adj. loss':>9} {'mean loss':>9} {'± ci95':>7} {'paired gain % (95% CI)':>26} {'tied':>4} "
-               f"{'params':>10} {'tok/s':>7}")
+               f"{'expected gain % [95%]':>24} {'adj. loss':>9} {'mean loss':>9} {'± ci95':>7} "
+               f"{'paired gain % (95% CI)':>26} {'tied':>4} {'params':>10} {'tok/s':>7}")
+
+    def expected(r: dict) -> str:
+        return expected_gain_text(SimpleNamespace(**r)).replace(" %", "")
+
     for r in rows:
         ci = f"{r['ci95']:.4f}" if r["ci95"] is not None else "-"
         gain = (f"{r['paired_gain_pct']:+.2f} [{r['paired_gain_low']:+.2f}, {r['paired_gain_high']:+.2f}]"
@@ -80,7 +87,8 @@ def best(
         tag = "  (baseline)" if r["is_baseline"] else ""
         tied = "yes" if r["tied_with_best"] else ""
         typer.echo(f"{r['rank']:>4}  {r['heads']:<28} {r['k']:>2} {r['d_h']:>5} {r['d_model']:>5} {r['layers']:>3} "
-                   f"{r['seeds']:>5}  {r['adjusted_loss']:>9.4f} {r['mean_loss']:>9.4f} {ci:>7} {gain:>26} {tied:>4}"
+                   f"{r['seeds']:>5}  {expected(r):>24} {r['adjusted_loss']:>9.4f} {r['mean_loss']:>9.4f} {ci:>7} "
+                   f"{gain:>26} {tied:>4}"
                    f" {r['params']:>10} {r['tokens_per_s'] or 0:>7.0f}{tag}")
 
 

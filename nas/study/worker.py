@@ -25,13 +25,14 @@ from nas.errors import SearchAborted, UsageError
 from nas.study.heartbeat import Heartbeat, TrialLost, warn_on_stderr
 from nas.study.optuna_internals import trial_id
 from nas.study.planning import plan_next
-from nas.study.records import counts, in_flight, scores_by_shape, seed_adjusted_means
+from nas.study.records import counts, in_flight, scores_by_shape
 from nas.study.recovery import fail_abandoned, fail_stale, mark_interrupted, requeue
 from nas.study.session import Search
 from nas.study.signals import interrupts_deferred
 from nas.study.storage_faults import storage_failure, wait_for_storage
 from nas.study.trial import POLL_S, run_trial
 from reports.dashboard_note import NoteRefresher
+from reports.shrinkage import ranked_losses, ranking
 
 LOST_CONNECTION = "the storage connection was lost while it ran; re-queued"
 MAX_ERROR_STREAK = 3  # trials in a row crashing with an error (not a result) stop the worker
@@ -57,16 +58,18 @@ class TrialEvent:
 
 
 def summary(search: Search, trials: list[FrozenTrial]) -> tuple[int, tuple[int, float] | None, float | None]:
-    """(counted trials, best shape as (its first trial, seed-adjusted loss), the baseline's mean loss).
+    """(counted trials, best shape as (its first trial, ranked loss), the baseline's mean loss).
 
-    Shapes are compared by their seed-adjusted mean, as in the leaderboard: one lucky seed is not a gain
-    (and the baseline's own first seed must not show a gain over the baseline).
+    Shapes are ranked as in the leaderboard (``reports.shrinkage.ranking``: the baseline's mean plus the shape's
+    paired difference shrunk by what its seeds support): one lucky seed is not a gain (and the baseline's own first
+    seed must not show a gain over the baseline).
     """
     scores = scores_by_shape(trials)
-    adjusted = seed_adjusted_means(scores, search.baseline.key())
-    best = min(scores.values(), key=lambda s: (adjusted[s.key], s.first_trial), default=None)
+    order = ranking(scores, search.baseline.key())
+    ranked = ranked_losses(scores, search.baseline.key())
+    best = scores[order[0]] if order else None
     baseline = scores.get(search.baseline.key())
-    return (sum(counts(t) for t in trials), (best.first_trial, adjusted[best.key]) if best else None,
+    return (sum(counts(t) for t in trials), (best.first_trial, ranked[best.key]) if best else None,
             baseline.mean if baseline else None)
 
 

@@ -1,0 +1,214 @@
+"""The ranking: every shape's gain over the baseline, shrunk by what its seeds support (empirical Bayes).
+
+A shape that tops the first pass on one seed is mostly lucky: its one score is its true mean plus a
+noise as large as the spread of the true means. The seed-adjusted loss
+(``nas.study.records.seed_adjusted_means``) removes the seed's shared luck but not this selection, so
+a board ranked by it fills its top with one-seed shapes that races then find behind the baseline.
+The ranking here is the posterior mean of a two-way random-effects model of every score of the
+study (the best linear unbiased predictor of Henderson's mixed-model equations; Robinson, "That BLUP
+is a good thing", Statistical Science 1991)::
+
+    L_s,i = m_s + u_i + e_s,i        u_i: seed i's effect, shared by every shape trained on it (free)
+                                     m_s ~ N(0, tau^2): shape s's true level, the baseline one of them
+                                     e_s,i ~ N(0, s2): the run's own luck
+    theta_s = m_s - m_base           (negative: s is better than the baseline)
+
+``s2`` is the residual variance of the fixed-effects fit (shape + seed, least squares), ``tau^2`` the
+moment estimate ``max(0, var(m_hat) - s2 mean(1 / n_s))`` from that fit's shape effects (``n_s`` the
+shape's seeds). The posterior mean of ``(m, u)`` then solves the mixed-model equations with
+``lambda = s2 / tau^2``::
+
+    [Z'Z + lambda I   Z'X] [m]   [Z'y]
+    [X'Z             X'X] [u] = [X'y]        posterior covariance s2 * (that matrix)^-1
+
+where ``Z`` and ``X`` mark each score's shape and seed. ``Z'Z`` is diagonal, so ``m`` is eliminated
+(a Schur complement over the few seeds): a study of a thousand shapes solves in milliseconds. In
+words: a shape with ``n`` seeds keeps about ``B = tau^2 / (tau^2 + s2 / n)`` of its own lead (at the
+default proxy's noise, about a quarter for one seed and three quarters for nine), the seed effects are
+read off every shape trained on a seed (not off the baseline's one run there), and the baseline is
+shrunk like any member. The ranked loss is ``L_base + E[theta_s]``, with a 95 % interval from the
+posterior variance of ``theta_s`` (the variance components' own estimation error is left out:
+``tests/test_shrinkage.py`` measures the coverage on known truths). Until ``s2`` can be estimated
+(no shape has two seeds) nothing is shrunk and the ranking is the seed-adjusted loss; when ``tau``
+comes out 0 every shape is shrunk to the same level, ties are broken by the seed-adjusted loss, and the
+intervals are the unshrunk fit's: the data order nothing, and say so.
+``benchmarks/ranking_simulation.py`` measures the ranking against the truth (its correlation with the
+true means, the regret of its top shape) beside the seed-adjusted one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from statistics import NormalDist
+
+import numpy as np
+
+from nas.study.records import ShapeScores, mean_by_seed, seed_adjusted_means
+from reports.statistics import ALPHA
+
+Z = NormalDist().inv_cdf(1 - ALPHA / 2)
+
+
+@dataclass(frozen=True)
+class Prior:
+    """The variance components the shrinkage was estimated with."""
+
+    tau: float  # sd of the shapes' true levels (nats)
+    sigma: float | None  # sd of one run's own luck; None: not estimable yet (nothing is shrunk)
+    shapes: int
+
+    @property
+    def shrinks(self) -> bool:
+        return self.sigma is not None
+
+    def weight(self, n: int) -> float:
+        """``B``: about how much of its own lead a shape with ``n`` seeds keeps."""
+        if self.sigma is None or n <= 0:
+            return 1.0
+        noise = self.sigma**2 / n
+        return self.tau**2 / (self.tau**2 + noise) if self.tau**2 + noise > 0 else 1.0
+
+
+@dataclass(frozen=True)
+class ShrunkGain:
+    """One shape's difference from the baseline, seed-adjusted and shrunk (nats; negative: better)."""
+
+    n: int  # seeds
+    raw: float  # seed-adjusted loss minus the baseline's mean
+    posterior: float  # E[theta_s | data]
+    low: float | None  # 95 % interval of theta_s (None when nothing is shrunk)
+    high: float | None
+    weight: float  # B (Prior.weight)
+
+    def gain_pct(self, base_mean: float) -> float:
+        return -100 * self.posterior / base_mean
+
+    def interval_pct(self, base_mean: float) -> tuple[float, float] | None:
+        """The interval of the gain in % of the baseline's mean loss (low, high)."""
+        if self.low is None or self.high is None:
+            return None
+        return -100 * self.high / base_mean, -100 * self.low / base_mean
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The model's estimates for the shapes ``keys``: posterior means of ``m`` and the variance components."""
+
+    keys: list[str]
+    m: np.ndarray  # (S,) shape levels (posterior means; the fixed-effects fit when nothing is shrunk)
+    prior: Prior
+    solve: object  # (c: (S,) contrast) -> posterior variance of c'm, or None when nothing is shrunk
+
+
+def _normal_equations(shape: np.ndarray, seed: np.ndarray, y: np.ndarray, n_shapes: int, n_seeds: int,
+                      lam: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``m`` and ``u`` of the mixed-model equations (module docstring) with ridge ``lam`` on ``m`` (0: the
+    fixed-effects fit, its last seed effect pinned to 0), and what variances need: ``D`` (Z'Z + lam, diagonal),
+    ``R = D^-1 Z'X`` and the Schur complement's inverse; then ``u``."""
+    d = np.bincount(shape, minlength=n_shapes).astype(float) + lam  # (S,)
+    zx = np.zeros((n_shapes, n_seeds))  # (S, I) runs of each shape at each seed
+    np.add.at(zx, (shape, seed), 1.0)
+    zy = np.bincount(shape, weights=y, minlength=n_shapes)  # (S,)
+    xy = np.bincount(seed, weights=y, minlength=n_seeds)  # (I,)
+    xx = np.bincount(seed, minlength=n_seeds).astype(float)  # (I,)
+    r = zx / d[:, None]  # (S, I)
+    schur = np.diag(xx) - zx.T @ r  # (I, I)
+    rhs = xy - r.T @ zy  # (I,)
+    if lam == 0:  # shape and seed effects are identified up to one shared constant: pin the last seed's
+        schur, rhs = schur[:-1, :-1], rhs[:-1]
+    inverse = np.linalg.pinv(schur)
+    u = inverse @ rhs
+    if lam == 0:
+        u = np.append(u, 0.0)
+        r = r[:, :-1]
+    m = (zy - zx @ u) / d
+    return m, d, r, inverse, u
+
+
+def fit(scores: dict[str, ShapeScores]) -> Fit | None:
+    """The two-way model fitted to every shape's per-seed scores (a seed trained twice counts with its mean)."""
+    keys = list(scores)
+    seeds = sorted({s for shape in scores.values() for s in shape.seeds})
+    if not keys:
+        return None
+    seed_index = {s: i for i, s in enumerate(seeds)}
+    rows = [(k, seed_index[s], loss) for k, key in enumerate(keys) for s, loss in mean_by_seed(scores[key]).items()]
+    shape, seed, y = (np.array(c) for c in zip(*rows))
+    shape, seed, y = shape.astype(int), seed.astype(int), y.astype(float)
+    counts = np.bincount(shape, minlength=len(keys))
+    m_hat, _, _, _, u_hat = _normal_equations(shape, seed, y, len(keys), len(seeds), 0.0)
+    df = len(y) - len(keys) - len(seeds) + 1
+    if df <= 0 or len(keys) < 3:
+        return Fit(keys, m_hat, Prior(0.0, None, len(keys)), lambda c: None)
+    residual = y - m_hat[shape] - u_hat[seed]
+    s2 = float(residual @ residual) / df
+    tau2 = max(0.0, float(np.var(m_hat)) - s2 * float(np.mean(1.0 / counts)))
+    prior = Prior(math.sqrt(tau2), math.sqrt(s2), len(keys))
+    if tau2 == 0.0:  # one level for every shape; its intervals are the unshrunk fit's (the data order nothing)
+        m, d, r, inverse, _ = _normal_equations(shape, seed, y, len(keys), len(seeds), 0.0)
+        m = np.full(len(keys), float(np.mean(m_hat)))
+    else:
+        m, d, r, inverse, _ = _normal_equations(shape, seed, y, len(keys), len(seeds), s2 / tau2)
+
+    def variance(c: np.ndarray) -> float:  # Var(c'm) = s2 (c' D^-1 c + (R'c)' S^-1 (R'c))
+        rc = r.T @ c
+        return s2 * float(c @ (c / d) + rc @ inverse @ rc)
+
+    return Fit(keys, m, prior, variance)
+
+
+def shrunk_gains(scores: dict[str, ShapeScores],
+                 baseline_key: str | None) -> tuple[dict[str, ShrunkGain], Prior | None]:
+    """Every shape's ``ShrunkGain`` (the baseline's is 0 by definition) and the variance components used."""
+    if baseline_key is None or baseline_key not in scores:
+        return {}, None
+    model = fit(scores)
+    if model is None:
+        return {}, None
+    adjusted = seed_adjusted_means(scores, baseline_key)
+    base_mean = scores[baseline_key].mean
+    b = model.keys.index(baseline_key)
+    out = {}
+    for k, key in enumerate(model.keys):
+        raw = adjusted[key] - base_mean
+        if not model.prior.shrinks:
+            out[key] = ShrunkGain(scores[key].n, raw, raw, None, None, 1.0)
+            continue
+        contrast = np.zeros(len(model.keys))
+        contrast[k] += 1.0
+        contrast[b] -= 1.0
+        posterior = float(model.m[k] - model.m[b])
+        half = Z * math.sqrt(max(0.0, model.solve(contrast) or 0.0))  # type: ignore[operator]
+        out[key] = ShrunkGain(scores[key].n, raw, posterior, posterior - half, posterior + half,
+                              model.prior.weight(scores[key].n))
+    return out, model.prior
+
+
+def ranked_losses(scores: dict[str, ShapeScores], baseline_key: str | None) -> dict[str, float]:
+    """The loss every reader ranks shapes by: ``L_base + E[theta_s]`` (module docstring); every shape of a study
+    without a baseline keeps its plain mean."""
+    gains, _ = shrunk_gains(scores, baseline_key)
+    if not gains:
+        return seed_adjusted_means(scores, baseline_key)
+    base = scores[baseline_key].mean  # type: ignore[index]
+    return {key: base + gains[key].posterior for key in scores}
+
+
+def ranking(scores: dict[str, ShapeScores], baseline_key: str | None) -> list[str]:
+    """Shape keys best first, by ``ranked_losses``; ties (every shape shrunk to one level) broken by the
+    seed-adjusted loss, then by the plain mean."""
+    ranked, adjusted = ranked_losses(scores, baseline_key), seed_adjusted_means(scores, baseline_key)
+    return sorted(scores, key=lambda k: (round(ranked[k], 12), adjusted[k], scores[k].mean))
+
+
+def lowest_ranked_loss(scores: dict[str, ShapeScores], baseline_key: str | None) -> float:
+    """``min(ranked_losses(...).values())`` without the intervals: what the report's history line draws after
+    every training (a thousand fits of a thousand-trial study)."""
+    if baseline_key not in scores:
+        return min(shape.mean for shape in scores.values())
+    model = fit(scores)
+    if model is None or not model.prior.shrinks:
+        return min(seed_adjusted_means(scores, baseline_key).values())
+    b = model.keys.index(baseline_key)  # type: ignore[arg-type]
+    return scores[baseline_key].mean + float(np.min(model.m) - model.m[b])  # type: ignore[index]
