@@ -4,7 +4,9 @@ It runs a real search (``nas search --space prism --preset tiny --trials 40``: r
 minute on 2 cores) into a temporary SQLite file, or reads ``--storage`` / ``--study-name`` (the default
 200-trial search's ``nas.db``, say), writes its ``nas report``, opens it in headless Chromium (the
 browser the tests drive, through playwright; nothing is downloaded) and saves screenshots into
-``docs/images``: the top of the page (summary and leaderboard), and each figure section.
+``docs/images``: the top of the page (summary and leaderboard), and each figure section. It also draws the
+recorded benchmark figures 10 and 12 (``benchmarks/plots.py``, from ``benchmarks/data``) the same way;
+``--figures-only`` draws just those.
 """
 
 from __future__ import annotations
@@ -26,11 +28,32 @@ def nas(*args: str, cwd: Path) -> None:
     subprocess.run([sys.executable, "-m", "nas.cli", *args], cwd=cwd, check=True, capture_output=True, text=True)
 
 
+def benchmark_figures(work: Path, out: Path, chromium: str) -> None:
+    """Figures 10 and 12 as PNG files (``figure-10.png``, ``figure-12.png``), drawn by plotly in Chromium."""
+    from playwright.sync_api import sync_playwright
+
+    from benchmarks.plots import figure_10, figure_12
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=ARGS)
+        for name, fig in (("figure-10", figure_10()), ("figure-12", figure_12())):
+            page_file = work / f"{name}.html"
+            fig.write_html(str(page_file), include_plotlyjs=True, full_html=True)
+            page = browser.new_page(viewport={"width": int(fig.layout.width) + 20,
+                                              "height": int(fig.layout.height) + 20}, device_scale_factor=1)
+            page.goto(page_file.as_uri())
+            page.wait_for_selector(".main-svg")
+            page.query_selector(".plotly-graph-div").screenshot(path=str(out / f"{name}.png"))
+            page.close()
+        browser.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--storage", help="read this study instead of running a tiny search")
     parser.add_argument("--study-name")
     parser.add_argument("--out", type=Path, default=IMAGES)
+    parser.add_argument("--figures-only", action="store_true", help="only the benchmark figures, no report")
     args = parser.parse_args(argv)
     from playwright.sync_api import sync_playwright
 
@@ -40,6 +63,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     with tempfile.TemporaryDirectory() as folder:
         work = Path(folder)
+        args.out.mkdir(parents=True, exist_ok=True)
+        benchmark_figures(work, args.out, chromium)
+        if args.figures_only:
+            return 0
         storage, name = args.storage, args.study_name
         if storage is None:
             storage, name = f"sqlite:///{work / 'nas.db'}", "prism-tiny"

@@ -143,3 +143,18 @@ def test_the_prepared_gpu_check_runs_its_code_on_the_cpu_with_smoke(tmp_path, na
     assert report["search"]["status"] == "ok" and report["search"]["trials"] == 4, report["search"]
     assert report["search"]["placed_on"] == ["cpu"]
     assert report["oom_halving"]["status"] == "ok" and report["oom_halving"]["micro_batch"] == 2, report["oom_halving"]
+
+
+def test_the_docs_plots_of_figures_10_and_12_draw_every_recorded_row() -> None:
+    """``benchmarks/plots.py`` draws the recorded data (``docs/make_images.py`` renders it): one point per row."""
+    import json
+
+    from benchmarks.plots import DATA, figure_10, figure_12
+
+    rows = json.loads((DATA / "ranking_simulation.json").read_text())["rows"]
+    drawn = sum(len(trace.x) for trace in figure_10().data)
+    assert drawn == len(rows) >= 15
+    fidelity = json.loads((DATA / "proxy_fidelity.json").read_text())
+    points = sum(len(c["result"]["scores"]) for c in fidelity["configs"])
+    separation = [t for t in figure_12().data if t.xaxis in (None, "x") and t.x[0] is not None]
+    assert len(separation) == points >= 15

@@ -1,0 +1,71 @@
+"""Plots of recorded benchmark figures for the docs (``python docs/make_images.py`` renders them to PNG).
+
+- figure 10 (``benchmarks/data/ranking_simulation.json``): P(pick = true best) of each replicate policy
+  against its replicate trials, at the measured and at half the paired noise;
+- figure 12 (``benchmarks/data/proxy_fidelity.json``): each (proxy, score)'s separation and Kendall tau
+  against the reference panel, against the CPU seconds one trial costs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+DATA = Path(__file__).parent / "data"
+POLICY_COLOURS = {"fixed": "#1b9e77", "race": "#d95f02", "oracle": "#7570b3"}
+SCORE_SYMBOLS = {"final": "circle", "train_mean": "square", "train_last_half": "diamond", "val_auc": "star",
+                 "extrapolated": "x"}
+
+
+def figure_10(data: dict[str, Any] | None = None) -> go.Figure:
+    data = data or json.loads((DATA / "ranking_simulation.json").read_text())
+    fig = go.Figure()
+    for policy, colour in POLICY_COLOURS.items():
+        for noise, dash in (("measured", "solid"), ("paired sd x0.5", "dot")):
+            rows = sorted((r for r in data["rows"] if r["policy"] == policy and r["noise"] == noise),
+                          key=lambda r: r["replicate trials"])
+            if rows:
+                fig.add_trace(go.Scatter(x=[r["replicate trials"] for r in rows],
+                                         y=[r["P(pick = true best)"] for r in rows], mode="lines+markers",
+                                         name=f"{policy}, {'measured noise' if noise == 'measured' else 'half noise'}",
+                                         line={"color": colour, "dash": dash}))
+    fig.update_xaxes(title_text="replicate trials after the 129-member walk")
+    fig.update_yaxes(title_text="P(pick = true best)", range=[0, 1])
+    fig.update_layout(title="Figure 10: picking the true best on known truths (1,000 simulated studies a point)",
+                      height=460, width=860, margin={"t": 50, "l": 60, "r": 20, "b": 50})
+    return fig
+
+
+def figure_12(data: dict[str, Any] | None = None) -> go.Figure:
+    data = data or json.loads((DATA / "proxy_fidelity.json").read_text())
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("separation (spread of true means / paired sd)",
+                                                        "Kendall tau of shape means vs the reference panel"))
+    colours = ["#22558c", "#d95f02", "#1b9e77", "#7570b3", "#e7298a", "#66a61e"]
+    for i, config in enumerate(data["configs"]):
+        result = config.get("result", {})
+        for score, f in result.get("scores", {}).items():
+            x = result["cpu_s_per_trial"]
+            common = {"mode": "markers", "legendgroup": config["name"], "showlegend": False,
+                      "marker": {"color": colours[i % len(colours)], "symbol": SCORE_SYMBOLS.get(score, "circle"),
+                                 "size": 11}, "hovertext": f"{config['name']}: {score}"}
+            fig.add_trace(go.Scatter(x=[x], y=[f["separation"]], name=config["name"], **common), row=1, col=1)
+            if f.get("tau") is not None:
+                fig.add_trace(go.Scatter(x=[x], y=[f["tau"]], name=config["name"],
+                                         error_y={"type": "data", "symmetric": False,
+                                                  "array": [f["tau_high"] - f["tau"]],
+                                                  "arrayminus": [f["tau"] - f["tau_low"]]}, **common), row=1, col=2)
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=config["name"],
+                                 marker={"color": colours[i % len(colours)], "size": 11}), row=1, col=1)
+    for score, symbol in SCORE_SYMBOLS.items():
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=f"score: {score}",
+                                 marker={"color": "#555", "symbol": symbol, "size": 11}), row=1, col=1)
+    fig.add_hline(y=1.5, line_dash="dash", line_color="#999", annotation_text="target 1.5", row=1, col=1)
+    fig.add_hline(y=0.6, line_dash="dash", line_color="#999", annotation_text="target 0.6", row=1, col=2)
+    fig.update_xaxes(title_text="CPU seconds per trial (one core)")
+    fig.update_layout(title="Figure 12: proxies and scores at their CPU cost (the reference panel's 13 shapes)",
+                      height=520, width=1200, margin={"t": 70, "l": 60, "r": 20, "b": 50})
+    return fig
