@@ -49,7 +49,7 @@ def test_dashboard_serves_the_study_and_its_trial_attrs(tmp_path, one_thread):
         assert baseline["state"] == "Complete" and baseline["intermediate_values"]  # the pruner's curve
         # the study note says what the report says: the shape-level answer, not the luckiest single trial
         note = detail["note"]["body"]
-        assert note.startswith("## dash-demo") and "Ranked by seed-adjusted loss" in note
+        assert note.startswith("## dash-demo") and "Ranked by expected gain" in note
         assert "| 1 | h=4x4 K1x88 d32 L4 (baseline) | 1 |" in note
     finally:
         stop(server, signal.SIGTERM)
