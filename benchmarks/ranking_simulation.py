@@ -131,13 +131,14 @@ def board_quality(scores: dict, truth: Truth) -> dict[str, float]:
     from scipy import stats
 
     from nas.study.records import seed_adjusted_means
-    from reports.shrinkage import ranked_losses, ranking
+    from reports.shrinkage import rank_shapes
 
     out = {}
     keys = list(scores)
     true = [truth.means[k] for k in keys]
     best = truth.means[truth.best]
-    for name, ranked, top in (("shrunk", ranked_losses(scores, truth.baseline), ranking(scores, truth.baseline)[0]),
+    board = rank_shapes(scores, truth.baseline)
+    for name, ranked, top in (("shrunk", board.ranked, board.order[0]),
                               ("adjusted", adjusted := seed_adjusted_means(scores, truth.baseline),
                                min(adjusted, key=adjusted.get))):
         out[f"board_rho_{name}"] = float(stats.spearmanr([ranked[k] for k in keys], true).statistic)

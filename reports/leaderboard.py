@@ -25,7 +25,7 @@ from scipy import stats
 
 from nas.arch import format_plateaus
 from nas.study.records import scores_by_shape, seed_adjusted_means
-from reports.shrinkage import ranked_losses, ranking, shrunk_gains
+from reports.shrinkage import rank_shapes
 
 
 def ci95(values: list[float] | tuple[float, ...]) -> float | None:
@@ -52,9 +52,10 @@ def leaderboard_of(trials: list[FrozenTrial], baseline_key: str | None, top: int
         return pd.DataFrame()
     base = scores.get(baseline_key)
     adjusted = seed_adjusted_means(scores, baseline_key)
-    ranked, (gains, _) = ranked_losses(scores, baseline_key), shrunk_gains(scores, baseline_key)
+    board_order = rank_shapes(scores, baseline_key)
+    ranked, gains = board_order.ranked, board_order.gains
     rows = []
-    for key in ranking(scores, baseline_key):
+    for key in board_order.order:
         shape, gain = scores[key], gains.get(key)
         interval = gain.interval_pct(base.mean) if gain is not None and base else None
         attrs = [trials[n].user_attrs for n in shape.trials]

@@ -93,12 +93,35 @@ class ShrunkGain:
 
 @dataclass(frozen=True)
 class Fit:
-    """The model's estimates for the shapes ``keys``: posterior means of ``m`` and the variance components."""
+    """The model's estimates for the shapes ``keys``: posterior means of ``m``, the variance components, and what
+    a contrast's variance needs (``D``, ``R`` and the Schur complement's inverse of ``_normal_equations``)."""
 
     keys: list[str]
     m: np.ndarray  # (S,) shape levels (posterior means; the fixed-effects fit when nothing is shrunk)
     prior: Prior
-    solve: object  # (c: (S,) contrast) -> posterior variance of c'm, or None when nothing is shrunk
+    d: np.ndarray | None = None  # (S,)
+    r: np.ndarray | None = None  # (S, I) or (S, I - 1)
+    inverse: np.ndarray | None = None
+
+    def variance(self, k: int, b: int) -> float | None:
+        """Posterior variance of ``m_k - m_b``: ``s2 (1/D_k + 1/D_b + (R_k - R_b)' S^-1 (R_k - R_b))``; None when
+        nothing is shrunk."""
+        if self.d is None or self.r is None or self.inverse is None or self.prior.sigma is None:
+            return None
+        if k == b:
+            return 0.0
+        rc = self.r[k] - self.r[b]
+        return self.prior.sigma**2 * float(1 / self.d[k] + 1 / self.d[b] + rc @ self.inverse @ rc)
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """The board's order (best first), the loss it ranks by, and every shape's ``ShrunkGain``."""
+
+    order: list[str]
+    ranked: dict[str, float]
+    gains: dict[str, ShrunkGain]
+    prior: Prior | None
 
 
 def _normal_equations(shape: np.ndarray, seed: np.ndarray, y: np.ndarray, n_shapes: int, n_seeds: int,
@@ -137,25 +160,18 @@ def fit(scores: dict[str, ShapeScores]) -> Fit | None:
     shape, seed, y = (np.array(c) for c in zip(*rows))
     shape, seed, y = shape.astype(int), seed.astype(int), y.astype(float)
     counts = np.bincount(shape, minlength=len(keys))
-    m_hat, _, _, _, u_hat = _normal_equations(shape, seed, y, len(keys), len(seeds), 0.0)
+    m_hat, d, r, inverse, u_hat = _normal_equations(shape, seed, y, len(keys), len(seeds), 0.0)
     df = len(y) - len(keys) - len(seeds) + 1
     if df <= 0 or len(keys) < 3:
-        return Fit(keys, m_hat, Prior(0.0, None, len(keys)), lambda c: None)
+        return Fit(keys, m_hat, Prior(0.0, None, len(keys)))
     residual = y - m_hat[shape] - u_hat[seed]
     s2 = float(residual @ residual) / df
     tau2 = max(0.0, float(np.var(m_hat)) - s2 * float(np.mean(1.0 / counts)))
     prior = Prior(math.sqrt(tau2), math.sqrt(s2), len(keys))
     if tau2 == 0.0:  # one level for every shape; its intervals are the unshrunk fit's (the data order nothing)
-        m, d, r, inverse, _ = _normal_equations(shape, seed, y, len(keys), len(seeds), 0.0)
-        m = np.full(len(keys), float(np.mean(m_hat)))
-    else:
-        m, d, r, inverse, _ = _normal_equations(shape, seed, y, len(keys), len(seeds), s2 / tau2)
-
-    def variance(c: np.ndarray) -> float:  # Var(c'm) = s2 (c' D^-1 c + (R'c)' S^-1 (R'c))
-        rc = r.T @ c
-        return s2 * float(c @ (c / d) + rc @ inverse @ rc)
-
-    return Fit(keys, m, prior, variance)
+        return Fit(keys, np.full(len(keys), float(np.mean(m_hat))), prior, d, r, inverse)
+    m, d, r, inverse, _ = _normal_equations(shape, seed, y, len(keys), len(seeds), s2 / tau2)
+    return Fit(keys, m, prior, d, r, inverse)
 
 
 def shrunk_gains(scores: dict[str, ShapeScores],
@@ -175,31 +191,36 @@ def shrunk_gains(scores: dict[str, ShapeScores],
         if not model.prior.shrinks:
             out[key] = ShrunkGain(scores[key].n, raw, raw, None, None, 1.0)
             continue
-        contrast = np.zeros(len(model.keys))
-        contrast[k] += 1.0
-        contrast[b] -= 1.0
         posterior = float(model.m[k] - model.m[b])
-        half = Z * math.sqrt(max(0.0, model.solve(contrast) or 0.0))  # type: ignore[operator]
+        half = Z * math.sqrt(max(0.0, model.variance(k, b) or 0.0))
         out[key] = ShrunkGain(scores[key].n, raw, posterior, posterior - half, posterior + half,
                               model.prior.weight(scores[key].n))
     return out, model.prior
 
 
+def rank_shapes(scores: dict[str, ShapeScores], baseline_key: str | None) -> Ranking:
+    """The board in one fit: shapes best first by ``L_base + E[theta_s]`` (module docstring; every shape of a study
+    without a baseline keeps its plain mean), ties (every shape shrunk to one level) broken by the seed-adjusted
+    loss, then by the plain mean."""
+    gains, prior = shrunk_gains(scores, baseline_key)
+    adjusted = seed_adjusted_means(scores, baseline_key)
+    if gains:
+        base = scores[baseline_key].mean  # type: ignore[index]
+        ranked = {key: base + gains[key].posterior for key in scores}
+    else:
+        ranked = adjusted
+    order = sorted(scores, key=lambda k: (round(ranked[k], 12), adjusted[k], scores[k].mean))
+    return Ranking(order, ranked, gains, prior)
+
+
 def ranked_losses(scores: dict[str, ShapeScores], baseline_key: str | None) -> dict[str, float]:
-    """The loss every reader ranks shapes by: ``L_base + E[theta_s]`` (module docstring); every shape of a study
-    without a baseline keeps its plain mean."""
-    gains, _ = shrunk_gains(scores, baseline_key)
-    if not gains:
-        return seed_adjusted_means(scores, baseline_key)
-    base = scores[baseline_key].mean  # type: ignore[index]
-    return {key: base + gains[key].posterior for key in scores}
+    """The loss every reader ranks shapes by (``rank_shapes``)."""
+    return rank_shapes(scores, baseline_key).ranked
 
 
 def ranking(scores: dict[str, ShapeScores], baseline_key: str | None) -> list[str]:
-    """Shape keys best first, by ``ranked_losses``; ties (every shape shrunk to one level) broken by the
-    seed-adjusted loss, then by the plain mean."""
-    ranked, adjusted = ranked_losses(scores, baseline_key), seed_adjusted_means(scores, baseline_key)
-    return sorted(scores, key=lambda k: (round(ranked[k], 12), adjusted[k], scores[k].mean))
+    """Shape keys best first (``rank_shapes``)."""
+    return rank_shapes(scores, baseline_key).order
 
 
 def lowest_ranked_loss(scores: dict[str, ShapeScores], baseline_key: str | None) -> float:

@@ -32,7 +32,7 @@ from nas.study.signals import interrupts_deferred
 from nas.study.storage_faults import storage_failure, wait_for_storage
 from nas.study.trial import POLL_S, run_trial
 from reports.dashboard_note import NoteRefresher
-from reports.shrinkage import ranked_losses, ranking
+from reports.shrinkage import rank_shapes
 
 LOST_CONNECTION = "the storage connection was lost while it ran; re-queued"
 MAX_ERROR_STREAK = 3  # trials in a row crashing with an error (not a result) stop the worker
@@ -65,9 +65,9 @@ def summary(search: Search, trials: list[FrozenTrial]) -> tuple[int, tuple[int, 
     seed must not show a gain over the baseline).
     """
     scores = scores_by_shape(trials)
-    order = ranking(scores, search.baseline.key())
-    ranked = ranked_losses(scores, search.baseline.key())
-    best = scores[order[0]] if order else None
+    board = rank_shapes(scores, search.baseline.key())
+    ranked = board.ranked
+    best = scores[board.order[0]] if board.order else None
     baseline = scores.get(search.baseline.key())
     return (sum(counts(t) for t in trials), (best.first_trial, ranked[best.key]) if best else None,
             baseline.mean if baseline else None)
