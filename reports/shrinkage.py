@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 from statistics import NormalDist
 
 import numpy as np
@@ -113,6 +114,22 @@ class Fit:
         rc = self.r[k] - self.r[b]
         return self.prior.sigma**2 * float(1 / self.d[k] + 1 / self.d[b] + rc @ self.inverse @ rc)
 
+    def draws(self, rng: np.random.Generator, n: int) -> np.ndarray | None:
+        """``n`` joint draws of the shape levels from their posterior, ``(n, S)``; None when nothing is shrunk.
+
+        Exact for the Gaussian posterior of the mixed-model equations: the seed effects first,
+        ``u ~ N(u_hat, s2 S^-1)``, then every shape given them, independently,
+        ``m_s | u ~ N(m_hat_s - R_s (u - u_hat), s2 / D_s)``."""
+        if self.d is None or self.r is None or self.inverse is None or self.prior.sigma is None:
+            return None
+        sigma = self.prior.sigma
+        covariance = sigma**2 * (self.inverse + self.inverse.T) / 2  # (I, I)
+        values, vectors = np.linalg.eigh(covariance)
+        factor = vectors * np.sqrt(np.clip(values, 0.0, None))  # (I, I): factor @ factor.T = covariance
+        du = rng.standard_normal((n, len(values))) @ factor.T  # (n, I): u - u_hat
+        own = rng.standard_normal((n, len(self.keys))) * (sigma / np.sqrt(self.d))  # (n, S)
+        return self.m[None, :] - du @ self.r.T + own
+
 
 @dataclass(frozen=True)
 class Ranking:
@@ -124,11 +141,21 @@ class Ranking:
     prior: Prior | None
 
 
+class _Solution(NamedTuple):
+    m: np.ndarray  # (S,) shape levels
+    u: np.ndarray  # (I,) seed effects
+    d: np.ndarray  # (S,) Z'Z + lam (diagonal)
+    r: np.ndarray  # (S, I) D^-1 Z'X (the last column dropped when lam = 0)
+    inverse: np.ndarray  # the Schur complement's inverse
+    logdet: float  # log |Schur complement| = log |X' H^-1 X|, H = I + Z Z' / lam (for the REML likelihood)
+    quadratic: float  # y'y - m'Z'y - u'X'y: (n - p) s2 at this lam (Henderson)
+
+
 def _normal_equations(shape: np.ndarray, seed: np.ndarray, y: np.ndarray, n_shapes: int, n_seeds: int,
-                      lam: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                      lam: float) -> _Solution:
     """``m`` and ``u`` of the mixed-model equations (module docstring) with ridge ``lam`` on ``m`` (0: the
-    fixed-effects fit, its last seed effect pinned to 0), and what variances need: ``D`` (Z'Z + lam, diagonal),
-    ``R = D^-1 Z'X`` and the Schur complement's inverse; then ``u``."""
+    fixed-effects fit, its last seed effect pinned to 0), and what variances and the likelihood need: ``D``
+    (Z'Z + lam, diagonal), ``R = D^-1 Z'X``, the Schur complement's inverse and log-determinant."""
     d = np.bincount(shape, minlength=n_shapes).astype(float) + lam  # (S,)
     zx = np.zeros((n_shapes, n_seeds))  # (S, I) runs of each shape at each seed
     np.add.at(zx, (shape, seed), 1.0)
@@ -142,15 +169,65 @@ def _normal_equations(shape: np.ndarray, seed: np.ndarray, y: np.ndarray, n_shap
         schur, rhs = schur[:-1, :-1], rhs[:-1]
     inverse = np.linalg.pinv(schur)
     u = inverse @ rhs
+    logdet = float(np.linalg.slogdet(schur)[1]) if lam > 0 else 0.0
     if lam == 0:
         u = np.append(u, 0.0)
         r = r[:, :-1]
     m = (zy - zx @ u) / d
-    return m, d, r, inverse, u
+    return _Solution(m, u, d, r, inverse, logdet, float(y @ y - m @ zy - u @ xy))
 
 
-def fit(scores: dict[str, ShapeScores]) -> Fit | None:
-    """The two-way model fitted to every shape's per-seed scores (a seed trained twice counts with its mean)."""
+def _reml(shape: np.ndarray, seed: np.ndarray, y: np.ndarray, n_shapes: int, n_seeds: int) -> tuple[float, float]:
+    """``(tau^2, s2)`` by restricted maximum likelihood (Patterson and Thompson 1971), the seed effects fixed::
+
+        -2 l_R(lam) = (n - p) log(q(lam) / (n - p)) + sum_s log(1 + n_s / lam) + log |X' H^-1 X|,
+        lam = s2 / tau^2,  s2 = q(lam) / (n - p),  H = I + Z Z' / lam,  p = the number of seeds,
+
+    ``q`` the quadratic of Henderson's equations at ``lam``, maximised over ``log lam`` on a grid, then by golden
+    section. A likelihood, unlike the moment estimate from the fixed-effects fit, is not biased by the adaptive
+    choice of which shapes get more seeds (a choice made on observed scores is ignorable for the likelihood); the
+    moment estimate's ``s2`` is inflated by the selected seed of every shape that was replicated because it was
+    lucky, and so it over-shrinks."""
+    n, p = len(y), n_seeds
+    seeds_per_shape = np.bincount(shape, minlength=n_shapes).astype(float)  # (S,)
+
+    def deviance(log_lam: float) -> float:
+        lam = math.exp(log_lam)
+        sol = _normal_equations(shape, seed, y, n_shapes, n_seeds, lam)
+        q = max(sol.quadratic, 1e-300)
+        return (n - p) * math.log(q / (n - p)) + float(np.sum(np.log1p(seeds_per_shape / lam))) + sol.logdet
+
+    grid = np.linspace(-9.0, 9.0, 19)
+    values = [deviance(x) for x in grid]
+    i = int(np.argmin(values))
+    low, high = grid[max(0, i - 1)], grid[min(len(grid) - 1, i + 1)]
+    golden = (math.sqrt(5) - 1) / 2
+    a, b = high - golden * (high - low), low + golden * (high - low)
+    fa, fb = deviance(a), deviance(b)
+    for _ in range(16):
+        if fa < fb:
+            high, b, fb = b, a, fa
+            a = high - golden * (high - low)
+            fa = deviance(a)
+        else:
+            low, a, fa = a, b, fb
+            b = low + golden * (high - low)
+            fb = deviance(b)
+    log_lam = (low + high) / 2
+    if i == len(grid) - 1 and log_lam > grid[-2]:  # the likelihood is flattest at no spread: tau^2 = 0
+        sol = _normal_equations(shape, seed, y, n_shapes, n_seeds, math.exp(grid[-1]))
+        return 0.0, sol.quadratic / (n - p)
+    lam = math.exp(log_lam)
+    s2 = _normal_equations(shape, seed, y, n_shapes, n_seeds, lam).quadratic / (n - p)
+    return s2 / lam, s2
+
+
+def fit(scores: dict[str, ShapeScores], min_tau_ratio: float = 0.0) -> Fit | None:
+    """The two-way model fitted to every shape's per-seed scores (a seed trained twice counts with its mean).
+
+    ``min_tau_ratio`` floors ``tau`` at that fraction of ``sigma`` (0: the estimate as it is). The board keeps 0;
+    the allocation (``nas.study.adaptive``) floors it, so that an estimate of 0 early in a study (one seed a
+    shape, a noisy ``s2``) does not freeze every shape at one level and stop the search exploring."""
     keys = list(scores)
     seeds = sorted({s for shape in scores.values() for s in shape.seeds})
     if not keys:
@@ -159,19 +236,17 @@ def fit(scores: dict[str, ShapeScores]) -> Fit | None:
     rows = [(k, seed_index[s], loss) for k, key in enumerate(keys) for s, loss in mean_by_seed(scores[key]).items()]
     shape, seed, y = (np.array(c) for c in zip(*rows))
     shape, seed, y = shape.astype(int), seed.astype(int), y.astype(float)
-    counts = np.bincount(shape, minlength=len(keys))
-    m_hat, d, r, inverse, u_hat = _normal_equations(shape, seed, y, len(keys), len(seeds), 0.0)
+    fixed = _normal_equations(shape, seed, y, len(keys), len(seeds), 0.0)
     df = len(y) - len(keys) - len(seeds) + 1
     if df <= 0 or len(keys) < 3:
-        return Fit(keys, m_hat, Prior(0.0, None, len(keys)))
-    residual = y - m_hat[shape] - u_hat[seed]
-    s2 = float(residual @ residual) / df
-    tau2 = max(0.0, float(np.var(m_hat)) - s2 * float(np.mean(1.0 / counts)))
+        return Fit(keys, fixed.m, Prior(0.0, None, len(keys)))
+    tau2, s2 = _reml(shape, seed, y, len(keys), len(seeds))
+    tau2 = max(tau2, (min_tau_ratio**2) * s2)
     prior = Prior(math.sqrt(tau2), math.sqrt(s2), len(keys))
     if tau2 == 0.0:  # one level for every shape; its intervals are the unshrunk fit's (the data order nothing)
-        return Fit(keys, np.full(len(keys), float(np.mean(m_hat))), prior, d, r, inverse)
-    m, d, r, inverse, _ = _normal_equations(shape, seed, y, len(keys), len(seeds), s2 / tau2)
-    return Fit(keys, m, prior, d, r, inverse)
+        return Fit(keys, np.full(len(keys), float(np.mean(fixed.m))), prior, fixed.d, fixed.r, fixed.inverse)
+    sol = _normal_equations(shape, seed, y, len(keys), len(seeds), s2 / tau2)
+    return Fit(keys, sol.m, prior, sol.d, sol.r, sol.inverse)
 
 
 def shrunk_gains(scores: dict[str, ShapeScores],

@@ -40,15 +40,20 @@ class PairedGain:
     p_value: float | None  # two-sided, H0: no difference
     sd: float | None  # the paired-difference sd used (own, or pooled)
     pooled: bool = False  # sd from the study's pool rather than this pair
+    posterior: bool = False  # a posterior (credible) interval of the shrunk gain (reports.shrinkage), not a t one
 
     @property
     def significant(self) -> bool:
         return self.p_value is not None and self.p_value < ALPHA
 
+    @property
+    def interval_name(self) -> str:
+        return "95 % credible interval" if self.posterior else "95 % CI"
+
     def interval_text(self) -> str:
         if self.low_pct is None:
             return f"{self.gain_pct:+.2f} % (no interval: {self.n} seed)"
-        return f"{self.gain_pct:+.2f} % (95 % CI [{self.low_pct:+.2f}, {self.high_pct:+.2f}], n={self.n})"
+        return f"{self.gain_pct:+.2f} % ({self.interval_name} [{self.low_pct:+.2f}, {self.high_pct:+.2f}], n={self.n})"
 
 
 def common_differences(shape: ShapeScores, reference: ShapeScores,

@@ -1,6 +1,12 @@
 """The answer in one paragraph: the best shape against the baseline, how sure we are, and the tied set.
 
-The best shape is, after a race (``nas.study.planning``), the race's leader: the best mean over
+After adaptive replicates (``nas.study.adaptive``) the best shape is the posterior's pick (the
+board's rank 1: the lowest shrunk loss, ``reports.shrinkage``), its gain is the shrunk gain with
+its 95 % posterior (credible) interval, and the tied set is the 95 % credible set of the best. A
+Bayesian posterior does not need the selecting seeds left out: the shrinkage is what corrects the
+selection (``benchmarks/ranking_simulation.py`` measures the coverage on known truths).
+
+Otherwise the best shape is, after a race (``nas.study.planning``), the race's leader: the best mean over
 the race's seeds among the candidates still in; otherwise the shape with the lowest mean loss
 over its seeds. Its gain over the baseline is paired (common seeds,
 ``reports.statistics.paired_gain``) and honest about selection:
@@ -27,12 +33,15 @@ detectable gain (``reports.resolution``): every answer says how small a gain it 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from statistics import NormalDist
 from typing import Any
 
 from nas.arch import ArchConfig
+from nas.study.adaptive import ADAPTIVE_ROLES, AdaptiveState, adaptive_state
 from nas.study.race import RACE_ROLES, RaceState, race_state
 from reports.frame import StudyData, outcome_counts
 from reports.resolution import Resolution, resolution
+from reports.shrinkage import Z, rank_shapes
 from reports.statistics import ALPHA, PairedGain, paired_gain, pooled_paired_sd, tied_set
 
 SELECTING_ROLES = ("member", "sampled")  # the first-pass trials by which a shape entered the top of the board
@@ -68,7 +77,35 @@ def race_of(data: StudyData) -> RaceState | None:
     candidates = raced(data)
     if not candidates:
         return None
-    return race_state(data.scores, candidates, int((data.identity.get("train") or {}).get("seed", 0)))
+    return race_state(data.scores, candidates, base_seed(data))
+
+
+def base_seed(data: StudyData) -> int:
+    return int((data.identity.get("train") or {}).get("seed", 0))
+
+
+def adaptive_of(data: StudyData) -> AdaptiveState | None:
+    """The adaptive allocation's state (``nas.study.adaptive``) when the study allocated adaptively, else None."""
+    if data.baseline_key not in data.scores or not any(t.user_attrs.get("role") in ADAPTIVE_ROLES
+                                                       for t in data.trials):
+        return None
+    return adaptive_state(data.scores, data.baseline_key, base_seed(data))  # type: ignore[arg-type]
+
+
+def posterior_gain(data: StudyData, key: str) -> PairedGain | None:
+    """``key``'s shrunk gain over the baseline (``reports.shrinkage``) with its 95 % posterior interval, as a
+    ``PairedGain`` (``p_value``: twice the posterior probability that the gain has the other sign)."""
+    gains = rank_shapes(data.scores, data.baseline_key).gains
+    shrunk, base = gains.get(key), data.scores[data.baseline_key].mean  # type: ignore[index]
+    if shrunk is None:
+        return None
+    interval = shrunk.interval_pct(base)
+    if interval is None:
+        return PairedGain(shrunk.n, -shrunk.posterior, shrunk.gain_pct(base), None, None, None, None, posterior=True)
+    sd = (shrunk.high - shrunk.low) / (2 * Z) if shrunk.high is not None and shrunk.low is not None else 0.0
+    p = 2 * NormalDist().cdf(-abs(shrunk.posterior) / sd) if sd > 0 else (0.0 if shrunk.posterior else 1.0)
+    return PairedGain(shrunk.n, -shrunk.posterior, shrunk.gain_pct(base), interval[0], interval[1], p, None,
+                      posterior=True)
 
 
 def interval_alpha(data: StudyData, key: str) -> float:
@@ -112,7 +149,10 @@ def resolution_text(res: Resolution | None) -> str:
 
 
 def best_shape(data: StudyData) -> str | None:
-    """The race's leader after a race, else the shape with the lowest mean loss."""
+    """The posterior's pick after adaptive replicates, the race's leader after a race, else the board's rank 1."""
+    adaptive = adaptive_of(data)
+    if adaptive is not None and adaptive.pick is not None:
+        return adaptive.pick
     race = race_of(data)
     if race is not None and race.leader is not None:
         return race.leader
@@ -157,29 +197,36 @@ def summarise(data: StudyData) -> Summary:
     if data.board.empty:
         return Summary(counts, None, "no shape has completed a training yet: nothing to compare")
     best = best_shape(data)
-    race = race_of(data)
-    # after a race: the candidates it could not drop; else every shape a paired test cannot tell from the best
-    tied = [best] + [key for key in race.alive if key != best] if race is not None else tied_set(data.scores, best)
+    race, adaptive = race_of(data), adaptive_of(data)
+    # adaptive: the credible set of the best; after a race: the candidates it could not drop; else every shape a
+    # paired test cannot tell from the best
+    if adaptive is not None:
+        tied = list(adaptive.tied)
+    elif race is not None:
+        tied = [best] + [key for key in race.alive if key != best]
+    else:
+        tied = tied_set(data.scores, best)
     names = [shape_label(data, key) for key in tied[:TIED_NAMES_SHOWN]]
     more = f" and {len(tied) - TIED_NAMES_SHOWN} more" if len(tied) > TIED_NAMES_SHOWN else ""
     tied_text = "; ".join(names) + more
     if data.baseline_key not in data.scores:
         sentence = f"the baseline has no completed training yet; the best shape so far is {shape_label(data, best)}"
         return Summary(counts, best, sentence, None, tied)
-    gain = honest_gain(data, best) if best != data.baseline_key else None
+    gain = None if best == data.baseline_key else (posterior_gain(data, best) if adaptive is not None
+                                                    else honest_gain(data, best))
     rows = [_side(data, best, "best", gain)] if best != data.baseline_key else []
     rows.append(_side(data, data.baseline_key, "baseline", None))
     above = _ranked_above(data, best)
     res = study_resolution(data, best)
     if gain is not None and gain.low_pct is not None and gain.low_pct > 0:
+        seeds = f"{gain.n} seeds" if gain.posterior else f"{gain.n} paired seeds"
         sentence = (f"{shape_label(data, best)} beats the baseline by {gain.gain_pct:.2f} % "
-                    f"(95 % CI [{gain.low_pct:.2f}, {gain.high_pct:.2f}], {gain.n} paired seeds; minimum "
-                    f"detectable gain {res.gain_pct:.2f} %)" if res is not None else
-                    f"{shape_label(data, best)} beats the baseline by {gain.gain_pct:.2f} % "
-                    f"(95 % CI [{gain.low_pct:.2f}, {gain.high_pct:.2f}], {gain.n} paired seeds)")
+                    f"({gain.interval_name} [{gain.low_pct:.2f}, {gain.high_pct:.2f}], {seeds}"
+                    + (f"; minimum detectable gain {res.gain_pct:.2f} %)" if res is not None else ")"))
     elif best == data.baseline_key:
         lead = (f"the baseline leads the race of the {len(race.candidates) - 1} best shapes"
-                if race is not None else "the baseline has the lowest loss")
+                if race is not None else "the baseline has the lowest expected loss" if adaptive is not None
+                else "the baseline has the lowest loss")
         sentence = (f"no shape beats the baseline at this proxy budget: {lead}; {resolution_text(res)}; "
                     f"the tied set is {tied_text}")
     else:

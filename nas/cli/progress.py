@@ -51,8 +51,9 @@ class Progress:
     def start(self, search: Search) -> None:
         c = search.config
         self.workers = len(search.placements) or self.workers
-        then = (f"then a race of the baseline and the {c.race_size} best" if c.replicates == "race"
-                else "then seed replicates")
+        then = {"race": f"then a race of the baseline and the {c.race_size} best",
+                "adaptive": "then adaptive replicates (top-two Thompson sampling)"}.get(c.replicates,
+                                                                                      "then seed replicates")
         mode = f"exhaustive walk, {then}" if search.exhaustive else f"{c.sampler or 'default'} sampler"
         self.print(f"study {c.study_name!r} in {display_url(c.storage)}: {c.space.space} space of "
                    f"{search.space.count()} shapes "

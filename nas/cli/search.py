@@ -79,7 +79,9 @@ def search(
                                                     show_default=False)] = None,
     replicates: Annotated[Replicates, typer.Option("--replicates", help="After an exhaustive walk: race (the "
                                                    "best shapes race the baseline on common seeds, the worse "
-                                                   "dropped) or fixed (seeds for --replicate-top shapes).")]
+                                                   "dropped), fixed (seeds for --replicate-top shapes) or adaptive "
+                                                   "(top-two Thompson sampling on the shrunk posterior: each seed "
+                                                   "goes to the shape most likely to change the pick).")]
     = Replicates.race,
     race_size: Annotated[int, typer.Option("--race-size", help="race: how many of the first pass's best shapes "
                                            "race the baseline.")] = 8,

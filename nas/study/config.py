@@ -22,7 +22,7 @@ def display_url(url: str) -> str:
     """A storage URL safe to print, log or write down: its password replaced by ``***``."""
     return _PASSWORD.sub(r"\1***\3", str(url))
 SAMPLERS = ("tpe", "random", "grid", "gp", "nsga2")
-REPLICATES = ("race", "fixed")
+REPLICATES = ("race", "fixed", "adaptive")
 PRUNERS = ("auto", "median", "hyperband", "none")
 OBJECTIVES = {"loss": "minimize", "params": "minimize", "tokens_per_s": "maximize"}
 
@@ -77,7 +77,7 @@ class SearchConfig:
         if self.sampler == "gp" and len(self.objectives) > 1:
             raise UsageError("--sampler gp takes a single objective; use nsga2 or tpe for several")
         if self.replicates not in REPLICATES:
-            raise UsageError(f"unknown replicates policy {self.replicates!r}; choose race or fixed")
+            raise UsageError(f"unknown replicates policy {self.replicates!r}; choose {', '.join(REPLICATES)}")
 
 
 def precheck(config: SearchConfig) -> None:

@@ -30,6 +30,7 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
+from nas.study.adaptive import next_shape
 from nas.study.race import RaceState, first_pass_candidates, race_state
 from nas.study.records import arch_of, counts, in_flight, key_seed, scores_by_shape, seed_adjusted_means
 from nas.study.session import Search
@@ -62,6 +63,8 @@ def plan_next(search: Search, trials: list[FrozenTrial]) -> Plan | None:
             return Plan(search.space.params_of(arch), {"key": arch.key(), "seed": seed, "role": "member"})
     if search.config.replicates == "fixed":
         return plan_replicate(search, trials, seen)
+    if search.config.replicates == "adaptive":
+        return plan_adaptive(search, trials, seen)
     return plan_race(search, trials, seen)
 
 
@@ -87,6 +90,16 @@ def plan_race(search: Search, trials: list[FrozenTrial], seen: set[tuple[str, in
                 return Plan(search.space.params_of(_arch(search, trials, key)),
                             {"key": key, "seed": base + round_, "role": role})
     raise AssertionError("unreachable: a round always has a free slot")
+
+
+def plan_adaptive(search: Search, trials: list[FrozenTrial], seen: set[tuple[str, int]]) -> Plan:
+    """The next adaptive trial (``nas.study.adaptive``): the chosen shape on its lowest free seed above the base."""
+    trained: dict[str, set[int]] = {}
+    for key, s in seen:
+        trained.setdefault(key, set()).add(s)
+    key, role = next_shape(scores_by_shape(trials), search.baseline.key(), search.train.seed, trained)
+    seed = next(s for s in range(search.train.seed + 1, search.train.seed + 10**6) if s not in trained.get(key, ()))
+    return Plan(search.space.params_of(_arch(search, trials, key)), {"key": key, "seed": seed, "role": role})
 
 
 def _arch(search: Search, trials: list[FrozenTrial], key: str):

@@ -101,7 +101,7 @@ def answer_duplicate(search: Search, trial: optuna.Trial, original: FrozenTrial)
 def train(search: Search, trial: optuna.Trial, arch: ArchConfig, seed: int, role: str,
           heartbeat: Heartbeat) -> tuple[str, float | None]:
     """Train the shape, record its result and tell Optuna; ``TrialLost`` if another worker took the trial meanwhile."""
-    may_prune = not search.multi_objective and role not in ("baseline", "replicate", "race", "confirm")
+    may_prune = not search.multi_objective and role not in ("baseline", "replicate", "race", "confirm", "adaptive", "adaptive-confirm")
     final_tokens = search.train.steps * search.train.tokens_per_step  # the last report: the run has ended
 
     def report(tokens: int, loss: float) -> bool:

@@ -1,0 +1,113 @@
+"""Adaptive replicates (``--replicates adaptive``, ``nas.study.adaptive``): top-two Thompson sampling on the shrunk
+posterior, planned by the real planner on trials made with Optuna's API (no training)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from nas.study.adaptive import WARMUP, adaptive_state, credible_set, next_shape
+from nas.study.planning import plan_next
+from nas.study.records import scores_by_shape
+from reports.frame import study_data
+from reports.shrinkage import fit
+from reports.summary import summarise
+from tests.test_race import play, search_of, trial_of
+from tests.test_shrinkage import BASE, dense_posterior, scores_of
+
+
+def summary_of(search, trials):
+    return summarise(study_data("adaptive", [optuna.study.StudyDirection.MINIMIZE], trials,
+                                {"nas:baseline_key": search.baseline.key(), "nas:identity": {"train": {"seed": 0}}}))
+
+
+def test_posterior_draws_have_the_mixed_model_posteriors_mean_and_covariance():
+    table = {BASE: {0: 3.0, 1: 3.1, 2: 2.9, 3: 3.05},
+             "a": {0: 2.78, 1: 3.06, 2: 2.72, 3: 2.98}, "b": {0: 2.85}, "c": {0: 3.1}, "d": {1: 3.2, 2: 2.85},
+             "e": {2: 2.95, 3: 2.95}, "f": {0: 3.02}, "g": {1: 3.0}}
+    model = fit(scores_of(table))
+    samples = model.draws(np.random.default_rng(0), 200_000)
+    m, cov, keys = dense_posterior(table, model.prior.tau**2, model.prior.sigma**2)
+    assert keys == model.keys
+    assert samples.mean(axis=0) == pytest.approx([m[k] for k in keys], abs=2e-3)
+    # the joint covariance, shared seed effects included, not only each shape's own variance
+    assert np.cov(samples, rowvar=False) == pytest.approx(cov[:len(keys), :len(keys)], abs=4e-4)
+
+
+def test_the_credible_set_holds_the_pick_then_the_likeliest_until_95_percent():
+    p = {"a": 0.5, "b": 0.3, "c": 0.16, "d": 0.04}
+    assert credible_set(p, "a") == ("a", "b", "c")
+    assert credible_set(p, "b") == ("b", "a", "c")  # the pick first even when another shape is likelier
+    assert credible_set({"a": 0.97, "b": 0.03}, "a") == ("a",)
+
+
+def test_warm_up_opens_the_second_seed_then_thompson_sampling_keeps_common_seeds_and_finds_the_best():
+    search = search_of(trials=8 + 50, replicates="adaptive")
+    keys = [a.key() for a in search.members()]
+    baseline = search.baseline.key()
+    means = {k: 3.0 + 0.02 * i for i, k in enumerate(keys)}
+    means[baseline] = 3.0
+    best = next(k for k in keys[3:] if k != baseline)
+    means[best] = 2.9  # clearly better than all, though not first in the walk's order
+    trials = play(search, means, noise=0.03)
+    replicates = trials[8:]
+    assert {t.user_attrs["role"] for t in replicates} <= {"adaptive", "adaptive-confirm"}
+    # the warm-up: the baseline and the WARMUP best of the first pass on seed 1, before anything else
+    warm = replicates[:WARMUP + 1]
+    assert {t.user_attrs["seed"] for t in warm} == {1} and warm[0].user_attrs["key"] == baseline
+    pairs = [(t.user_attrs["key"], t.user_attrs["seed"]) for t in trials]
+    assert len(pairs) == len(set(pairs))  # no (shape, seed) twice
+    by_shape: dict[str, list[int]] = {}
+    for key, seed in pairs:
+        by_shape.setdefault(key, []).append(seed)
+    assert all(sorted(seeds) == list(range(len(seeds))) for seeds in by_shape.values())  # common seeds 0, 1, 2, ...
+    trained = Counter(t.user_attrs["key"] for t in replicates if t.user_attrs["key"] != baseline)
+    assert trained.most_common(1)[0][0] == best  # the seeds went to the best shape
+    summary = summary_of(search, trials)
+    assert summary.best == best and summary.tied[0] == best
+    assert summary.gain.posterior and summary.gain.low_pct > 0
+    assert "beats the baseline by" in summary.sentence and "95 % credible interval" in summary.sentence
+    # settled: the pick's posterior probability of being the best passed 95 %, and the rest went to the pick and
+    # the baseline (the gain's interval)
+    confirm = [t for t in replicates if t.user_attrs["role"] == "adaptive-confirm"]
+    assert confirm and {t.user_attrs["key"] for t in confirm} == {best, baseline}
+    state = adaptive_state(scores_by_shape(trials), baseline, 0)
+    assert state.settled and state.p_best[best] >= 0.95
+
+
+def test_where_nothing_stands_out_the_tied_set_stays_wide_and_the_plan_is_reproducible():
+    search = search_of(trials=8 + 20, replicates="adaptive")
+    keys = [a.key() for a in search.members()]
+    trials = play(search, dict.fromkeys(keys, 3.0), noise=0.05, seed=3)
+    assert [t.user_attrs["key"] for t in trials] == [t.user_attrs["key"] for t in
+                                                     play(search, dict.fromkeys(keys, 3.0), noise=0.05, seed=3)]
+    summary = summary_of(search, trials)
+    assert len(summary.tied) >= 3 and "beats" not in summary.sentence
+
+
+def test_a_shape_another_worker_trains_moves_the_next_worker_to_a_free_seed():
+    search = search_of(trials=8 + 40, replicates="adaptive")
+    keys = [a.key() for a in search.members()]
+    trials = [trial_of(search, k, 0, "member", 3.0 + 0.01 * i, i) for i, k in enumerate(keys)]
+    first = plan_next(search, trials)
+    assert first.user_attrs["role"] == "adaptive" and first.user_attrs["seed"] == 1
+    trials.append(trial_of(search, first.user_attrs["key"], 1, "adaptive", None, len(trials), TrialState.RUNNING))
+    second = plan_next(search, trials)
+    assert (second.user_attrs["key"], second.user_attrs["seed"]) != (first.user_attrs["key"], 1)
+
+
+def test_before_the_noise_can_be_estimated_the_warm_up_shapes_come_first():
+    scores = scores_of({BASE: {0: 3.0}, "a": {0: 2.9}, "b": {0: 2.95}, "c": {0: 3.2}, "d": {0: 3.1},
+                        "e": {0: 3.3}, "f": {0: 3.4}})
+    assert not adaptive_state(scores, BASE, 0).estimable
+    order = []
+    trained: dict[str, set[int]] = {k: {0} for k in scores}
+    for _ in range(WARMUP + 1):
+        key, role = next_shape(scores, BASE, 0, trained)
+        order.append(key)
+        trained[key].add(1)
+    assert order == [BASE, "a", "b", "d", "c"] and role == "adaptive"
