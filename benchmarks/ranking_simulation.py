@@ -266,11 +266,12 @@ def target_misses(rows: list[dict[str, object]]) -> list[str]:
             continue
         p = float(row["P(pick = true best)"])  # type: ignore[arg-type]
         where = f"{noise}, {budget} trials"
-        if ("fixed", noise, budget) in by and p < float(by[("fixed", noise, budget)]["P(pick = true best)"]):  # type: ignore[arg-type]
-            misses.append(f"P(correct) {p:.3f} below fixed's {by[('fixed', noise, budget)]['P(pick = true best)']:.3f} ({where})")
-        if ("oracle", noise, budget) in by and p < float(by[("oracle", noise, budget)]["P(pick = true best)"]) - 0.03:  # type: ignore[arg-type]
+        fixed, oracle = by.get(("fixed", noise, budget)), by.get(("oracle", noise, budget))
+        if fixed is not None and p < float(fixed["P(pick = true best)"]):  # type: ignore[arg-type]
+            misses.append(f"P(correct) {p:.3f} below fixed's {fixed['P(pick = true best)']:.3f} ({where})")
+        if oracle is not None and p < float(oracle["P(pick = true best)"]) - 0.03:  # type: ignore[arg-type]
             misses.append(f"P(correct) {p:.3f} more than 0.03 below the oracle's "
-                          f"{by[('oracle', noise, budget)]['P(pick = true best)']:.3f} ({where})")
+                          f"{oracle['P(pick = true best)']:.3f} ({where})")
         if float(row["P(true best in tied set)"]) < 0.90:  # type: ignore[arg-type]
             misses.append(f"true best in the tied set {row['P(true best in tied set)']:.3f} < 0.90 ({where})")
         coverage = row["interval coverage (nominal 95 %)"]

@@ -40,8 +40,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
 from statistics import NormalDist
+from typing import NamedTuple
 
 import numpy as np
 
@@ -49,6 +49,7 @@ from nas.study.records import ShapeScores, mean_by_seed, seed_adjusted_means
 from reports.statistics import ALPHA
 
 Z = NormalDist().inv_cdf(1 - ALPHA / 2)
+LOG_LAMBDA_MAX = 9.0  # REML searches lam = s2 / tau^2 in [e^-9, e^9]; past e^9 the fit says tau = 0
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,7 @@ class Fit:
     d: np.ndarray | None = None  # (S,)
     r: np.ndarray | None = None  # (S, I) or (S, I - 1)
     inverse: np.ndarray | None = None
+    limit: np.ndarray | None = None  # (S,) when tau = 0: the levels' order as tau -> 0+, which breaks the flat ties
 
     def variance(self, k: int, b: int) -> float | None:
         """Posterior variance of ``m_k - m_b``: ``s2 (1/D_k + 1/D_b + (R_k - R_b)' S^-1 (R_k - R_b))``; None when
@@ -197,7 +199,7 @@ def _reml(shape: np.ndarray, seed: np.ndarray, y: np.ndarray, n_shapes: int, n_s
         q = max(sol.quadratic, 1e-300)
         return (n - p) * math.log(q / (n - p)) + float(np.sum(np.log1p(seeds_per_shape / lam))) + sol.logdet
 
-    grid = np.linspace(-9.0, 9.0, 19)
+    grid = np.linspace(-LOG_LAMBDA_MAX, LOG_LAMBDA_MAX, 19)
     values = [deviance(x) for x in grid]
     i = int(np.argmin(values))
     low, high = grid[max(0, i - 1)], grid[min(len(grid) - 1, i + 1)]
@@ -244,7 +246,11 @@ def fit(scores: dict[str, ShapeScores], min_tau_ratio: float = 0.0) -> Fit | Non
     tau2 = max(tau2, (min_tau_ratio**2) * s2)
     prior = Prior(math.sqrt(tau2), math.sqrt(s2), len(keys))
     if tau2 == 0.0:  # one level for every shape; its intervals are the unshrunk fit's (the data order nothing)
-        return Fit(keys, np.full(len(keys), float(np.mean(fixed.m))), prior, fixed.d, fixed.r, fixed.inverse)
+        # the limit of the posterior order as tau -> 0+: a shape's level moves from the common one by about
+        # n_s tau^2 / s2 times its mean residual, so the flat ties go to the shape whose seeds *together* say most
+        # (not to the luckiest single seed, which the plain seed-adjusted loss would reward)
+        limit = _normal_equations(shape, seed, y, len(keys), len(seeds), math.exp(LOG_LAMBDA_MAX)).m
+        return Fit(keys, np.full(len(keys), float(np.mean(fixed.m))), prior, fixed.d, fixed.r, fixed.inverse, limit)
     sol = _normal_equations(shape, seed, y, len(keys), len(seeds), s2 / tau2)
     return Fit(keys, sol.m, prior, sol.d, sol.r, sol.inverse)
 
@@ -257,6 +263,11 @@ def shrunk_gains(scores: dict[str, ShapeScores],
     model = fit(scores)
     if model is None:
         return {}, None
+    return _gains_of(model, scores, baseline_key), model.prior
+
+
+def _gains_of(model: Fit, scores: dict[str, ShapeScores], baseline_key: str) -> dict[str, ShrunkGain]:
+    """Every shape's ``ShrunkGain`` from one fit."""
     adjusted = seed_adjusted_means(scores, baseline_key)
     base_mean = scores[baseline_key].mean
     b = model.keys.index(baseline_key)
@@ -270,22 +281,25 @@ def shrunk_gains(scores: dict[str, ShapeScores],
         half = Z * math.sqrt(max(0.0, model.variance(k, b) or 0.0))
         out[key] = ShrunkGain(scores[key].n, raw, posterior, posterior - half, posterior + half,
                               model.prior.weight(scores[key].n))
-    return out, model.prior
+    return out
 
 
 def rank_shapes(scores: dict[str, ShapeScores], baseline_key: str | None) -> Ranking:
     """The board in one fit: shapes best first by ``L_base + E[theta_s]`` (module docstring; every shape of a study
-    without a baseline keeps its plain mean), ties (every shape shrunk to one level) broken by the seed-adjusted
-    loss, then by the plain mean."""
-    gains, prior = shrunk_gains(scores, baseline_key)
+    without a baseline keeps its plain mean), ties (every shape shrunk to one level) broken by the order the levels
+    take as ``tau -> 0+`` (``Fit.limit``), then by the seed-adjusted loss and the plain mean."""
     adjusted = seed_adjusted_means(scores, baseline_key)
-    if gains:
-        base = scores[baseline_key].mean  # type: ignore[index]
-        ranked = {key: base + gains[key].posterior for key in scores}
-    else:
-        ranked = adjusted
-    order = sorted(scores, key=lambda k: (round(ranked[k], 12), adjusted[k], scores[k].mean))
-    return Ranking(order, ranked, gains, prior)
+    model = fit(scores) if baseline_key in scores else None
+    if model is None:
+        order = sorted(scores, key=lambda k: (adjusted[k], scores[k].mean))
+        return Ranking(order, adjusted, {}, None)
+    gains = _gains_of(model, scores, baseline_key)  # type: ignore[arg-type]
+    base = scores[baseline_key].mean  # type: ignore[index]
+    ranked = {key: base + gains[key].posterior for key in scores}
+    limit = dict(zip(model.keys, model.limit)) if model.limit is not None else adjusted
+    order = sorted(scores, key=lambda k: (round(ranked[k], 12), round(float(limit[k]), 12), adjusted[k],
+                                          scores[k].mean))
+    return Ranking(order, ranked, gains, model.prior)
 
 
 def ranked_losses(scores: dict[str, ShapeScores], baseline_key: str | None) -> dict[str, float]:

@@ -29,6 +29,7 @@ from runners.result import TrialResult
 
 POLL_S = 0.5  # how often a waiting worker looks at the storage again
 MAX_DUPLICATE_STREAK = 10  # after this many duplicates in a row, one random proposal breaks the loop
+UNPRUNED_ROLES = ("baseline", "replicate", "race", "confirm", "adaptive", "adaptive-confirm")  # compared on full runs
 
 
 def set_attrs(search: Search, trial: optuna.Trial, attrs: dict[str, Any]) -> None:
@@ -101,7 +102,7 @@ def answer_duplicate(search: Search, trial: optuna.Trial, original: FrozenTrial)
 def train(search: Search, trial: optuna.Trial, arch: ArchConfig, seed: int, role: str,
           heartbeat: Heartbeat) -> tuple[str, float | None]:
     """Train the shape, record its result and tell Optuna; ``TrialLost`` if another worker took the trial meanwhile."""
-    may_prune = not search.multi_objective and role not in ("baseline", "replicate", "race", "confirm", "adaptive", "adaptive-confirm")
+    may_prune = not search.multi_objective and role not in UNPRUNED_ROLES
     final_tokens = search.train.steps * search.train.tokens_per_step  # the last report: the run has ended
 
     def report(tokens: int, loss: float) -> bool:
