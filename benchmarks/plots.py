@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 DATA = Path(__file__).parent / "data"
-POLICY_COLOURS = {"fixed": "#1b9e77", "race": "#d95f02", "oracle": "#7570b3"}
+POLICY_COLOURS = {"fixed": "#1b9e77", "race": "#d95f02", "adaptive": "#e7298a", "oracle": "#7570b3"}
 SCORE_SYMBOLS = {"final": "circle", "train_mean": "square", "train_last_half": "diamond", "val_auc": "star",
                  "extrapolated": "x"}
 
@@ -35,7 +35,9 @@ def figure_10(data: dict[str, Any] | None = None) -> go.Figure:
                                          line={"color": colour, "dash": dash}))
     fig.update_xaxes(title_text="replicate trials after the 129-member walk")
     fig.update_yaxes(title_text="P(pick = true best)", range=[0, 1])
-    fig.update_layout(title="Figure 10: picking the true best on known truths (1,000 simulated studies a point)",
+    studies = sorted({r["studies"] for r in data["rows"]})
+    per_point = f"{studies[0]:,}" if len(studies) == 1 else f"{studies[0]:,}-{studies[-1]:,}"
+    fig.update_layout(title=f"Figure 10: picking the true best on known truths ({per_point} simulated studies a point)",
                       height=460, width=860, margin={"t": 50, "l": 60, "r": 20, "b": 50})
     return fig
 

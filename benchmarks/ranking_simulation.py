@@ -11,11 +11,14 @@ resolve"). Every trial is chosen by the real planner (``nas.study.planning.plan_
 search runs) and every study is judged by the real report (``reports.summary.summarise``): the
 pick, the tied set, and the pick's paired gain over the baseline with its interval. Policies, at
 the same number of trials: ``fixed`` (seed replicates of the baseline and the 4 best by
-seed-adjusted loss, ``--replicates fixed``) and ``race`` (racing, ``--replicates race``), each
-with several replicate budgets. Reported per policy and budget, over ``studies`` simulated
-studies: P(the pick is the true best), P(the true best is in the tied set), mean regret (true
-loss of the pick minus the best's), and the coverage of the pick's nominal 95 % interval of its
-gain.
+seed-adjusted loss, ``--replicates fixed``), ``race`` (racing, ``--replicates race``) and
+``adaptive`` (top-two Thompson sampling on the study's own shrunk posterior, ``--replicates
+adaptive``, ``nas.study.adaptive``), each judged after several replicate budgets. Reported per
+policy and budget, over ``studies`` simulated studies: P(the pick is the true best), P(the true
+best is in the tied set), mean regret (true loss of the pick minus the best's), the coverage of
+the pick's nominal 95 % interval of its gain, and the leaderboard's quality (Spearman correlation
+of its order with the true means, and the regret of its rank 1) for the shrunk ranking against
+the seed-adjusted one it replaced.
 
 Two reference rows say what the target asks of any allocation, not only of ours:
 
@@ -26,8 +29,8 @@ Two reference rows say what the target asks of any allocation, not only of ours:
   ``sigma^2 = PAIRED_SD^2 / 2``: ``precision = 1 / SPREAD_SD^2 + n / sigma^2``, ``mean =
   (2.90 / SPREAD_SD^2 + sum(x_i - u_i) / sigma^2) / precision``. It trains one shape per trial on
   that shape's next seed.
-- ``quieter`` rows rerun ``fixed``, ``race`` and ``oracle`` with the paired sd halved: what a
-  proxy with half the noise (about four times the tokens per trial) would buy.
+- ``quieter`` rows rerun every policy with the paired sd halved: what a proxy with half the
+  noise (about four times the tokens per trial) would buy.
 """
 
 from __future__ import annotations

@@ -49,7 +49,8 @@ from nas.study.records import ShapeScores, mean_by_seed, seed_adjusted_means
 from reports.statistics import ALPHA
 
 Z = NormalDist().inv_cdf(1 - ALPHA / 2)
-LOG_LAMBDA_MAX = 9.0  # REML searches lam = s2 / tau^2 in [e^-9, e^9]; past e^9 the fit says tau = 0
+LOG_LAMBDA_GRID = np.arange(-9.0, 9.0 + 1e-9, 0.5)  # lam = s2 / tau^2: the posterior's support; past e^9, tau = 0
+MIN_COMPONENT_WEIGHT = 1e-6  # lighter components of the mixture are dropped (the rest renormalised)
 
 
 @dataclass(frozen=True)
@@ -94,46 +95,6 @@ class ShrunkGain:
 
 
 @dataclass(frozen=True)
-class Fit:
-    """The model's estimates for the shapes ``keys``: posterior means of ``m``, the variance components, and what
-    a contrast's variance needs (``D``, ``R`` and the Schur complement's inverse of ``_normal_equations``)."""
-
-    keys: list[str]
-    m: np.ndarray  # (S,) shape levels (posterior means; the fixed-effects fit when nothing is shrunk)
-    prior: Prior
-    d: np.ndarray | None = None  # (S,)
-    r: np.ndarray | None = None  # (S, I) or (S, I - 1)
-    inverse: np.ndarray | None = None
-    limit: np.ndarray | None = None  # (S,) when tau = 0: the levels' order as tau -> 0+, which breaks the flat ties
-
-    def variance(self, k: int, b: int) -> float | None:
-        """Posterior variance of ``m_k - m_b``: ``s2 (1/D_k + 1/D_b + (R_k - R_b)' S^-1 (R_k - R_b))``; None when
-        nothing is shrunk."""
-        if self.d is None or self.r is None or self.inverse is None or self.prior.sigma is None:
-            return None
-        if k == b:
-            return 0.0
-        rc = self.r[k] - self.r[b]
-        return self.prior.sigma**2 * float(1 / self.d[k] + 1 / self.d[b] + rc @ self.inverse @ rc)
-
-    def draws(self, rng: np.random.Generator, n: int) -> np.ndarray | None:
-        """``n`` joint draws of the shape levels from their posterior, ``(n, S)``; None when nothing is shrunk.
-
-        Exact for the Gaussian posterior of the mixed-model equations: the seed effects first,
-        ``u ~ N(u_hat, s2 S^-1)``, then every shape given them, independently,
-        ``m_s | u ~ N(m_hat_s - R_s (u - u_hat), s2 / D_s)``."""
-        if self.d is None or self.r is None or self.inverse is None or self.prior.sigma is None:
-            return None
-        sigma = self.prior.sigma
-        covariance = sigma**2 * (self.inverse + self.inverse.T) / 2  # (I, I)
-        values, vectors = np.linalg.eigh(covariance)
-        factor = vectors * np.sqrt(np.clip(values, 0.0, None))  # (I, I): factor @ factor.T = covariance
-        du = rng.standard_normal((n, len(values))) @ factor.T  # (n, I): u - u_hat
-        own = rng.standard_normal((n, len(self.keys))) * (sigma / np.sqrt(self.d))  # (n, S)
-        return self.m[None, :] - du @ self.r.T + own
-
-
-@dataclass(frozen=True)
 class Ranking:
     """The board's order (best first), the loss it ranks by, and every shape's ``ShrunkGain``."""
 
@@ -153,83 +114,157 @@ class _Solution(NamedTuple):
     quadratic: float  # y'y - m'Z'y - u'X'y: (n - p) s2 at this lam (Henderson)
 
 
-def _normal_equations(shape: np.ndarray, seed: np.ndarray, y: np.ndarray, n_shapes: int, n_seeds: int,
-                      lam: float) -> _Solution:
+@dataclass(frozen=True)
+class Component:
+    """One ``lambda = s2 / tau^2`` of the posterior mixture: its weight, its profiled ``s2`` and the solve there."""
+
+    log_lam: float
+    weight: float
+    s2: float
+    sol: _Solution
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The model's estimates for the shapes ``keys``: posterior means of ``m`` (averaged over ``lambda``), the
+    variance components' point estimate, and the mixture's components (none when nothing is shrunk)."""
+
+    keys: list[str]
+    m: np.ndarray  # (S,) shape levels (posterior means; the fixed-effects fit when nothing is shrunk)
+    prior: Prior
+    components: tuple[Component, ...] = ()
+
+    def variances(self, b: int) -> np.ndarray | None:
+        """Posterior variance of every ``m_k - m_b``, ``(S,)``, by the law of total variance over the components:
+        ``sum_j w_j (s2_j (1/D_k + 1/D_b + (R_k - R_b)' S^-1 (R_k - R_b)) + (diff_j,k - diff_k)^2)``; None when
+        nothing is shrunk."""
+        if not self.components:
+            return None
+        mean = self.m - self.m[b]  # (S,)
+        total = np.zeros(len(self.keys))
+        for c in self.components:
+            rc = c.sol.r - c.sol.r[b]  # (S, I)
+            within = c.s2 * (1 / c.sol.d + 1 / c.sol.d[b] + np.einsum("si,ij,sj->s", rc, c.sol.inverse, rc))
+            total += c.weight * (within + (c.sol.m - c.sol.m[b] - mean) ** 2)
+        total[b] = 0.0
+        return total
+
+    def draws(self, rng: np.random.Generator, n: int) -> np.ndarray | None:
+        """``n`` joint draws of the shape levels from their posterior, ``(n, S)``; None when nothing is shrunk.
+
+        A component by its weight, then exactly its Gaussian posterior of the mixed-model equations: the seed
+        effects first, ``u ~ N(u_hat, s2 S^-1)``, then every shape given them, independently,
+        ``m_s | u ~ N(m_hat_s - R_s (u - u_hat), s2 / D_s)``."""
+        if not self.components:
+            return None
+        per_component = rng.multinomial(n, [c.weight for c in self.components])
+        out = []
+        for c, count in zip(self.components, per_component):
+            if count == 0:
+                continue
+            sigma = math.sqrt(c.s2)
+            covariance = c.s2 * (c.sol.inverse + c.sol.inverse.T) / 2  # (I, I)
+            values, vectors = np.linalg.eigh(covariance)
+            factor = vectors * np.sqrt(np.clip(values, 0.0, None))  # (I, I): factor @ factor.T = covariance
+            du = rng.standard_normal((count, len(values))) @ factor.T  # (count, I): u - u_hat
+            own = rng.standard_normal((count, len(self.keys))) * (sigma / np.sqrt(c.sol.d))  # (count, S)
+            out.append(c.sol.m[None, :] - du @ c.sol.r.T + own)
+        return rng.permutation(np.concatenate(out))
+
+
+class _Design(NamedTuple):
+    """The sums the mixed-model equations need, independent of ``lambda``: computed once a fit."""
+
+    counts: np.ndarray  # (S,) seeds of each shape (Z'Z)
+    zx: np.ndarray  # (S, I) runs of each shape at each seed
+    zy: np.ndarray  # (S,)
+    xy: np.ndarray  # (I,)
+    xx: np.ndarray  # (I,)
+    yy: float
+
+
+def _design(shape: np.ndarray, seed: np.ndarray, y: np.ndarray, n_shapes: int, n_seeds: int) -> _Design:
+    zx = np.zeros((n_shapes, n_seeds))
+    np.add.at(zx, (shape, seed), 1.0)
+    return _Design(np.bincount(shape, minlength=n_shapes).astype(float), zx,
+                   np.bincount(shape, weights=y, minlength=n_shapes), np.bincount(seed, weights=y, minlength=n_seeds),
+                   np.bincount(seed, minlength=n_seeds).astype(float), float(y @ y))
+
+
+def _normal_equations(design: _Design, lam: float) -> _Solution:
     """``m`` and ``u`` of the mixed-model equations (module docstring) with ridge ``lam`` on ``m`` (0: the
     fixed-effects fit, its last seed effect pinned to 0), and what variances and the likelihood need: ``D``
     (Z'Z + lam, diagonal), ``R = D^-1 Z'X``, the Schur complement's inverse and log-determinant."""
-    d = np.bincount(shape, minlength=n_shapes).astype(float) + lam  # (S,)
-    zx = np.zeros((n_shapes, n_seeds))  # (S, I) runs of each shape at each seed
-    np.add.at(zx, (shape, seed), 1.0)
-    zy = np.bincount(shape, weights=y, minlength=n_shapes)  # (S,)
-    xy = np.bincount(seed, weights=y, minlength=n_seeds)  # (I,)
-    xx = np.bincount(seed, minlength=n_seeds).astype(float)  # (I,)
+    counts, zx, zy, xy, xx, yy = design
+    d = counts + lam  # (S,)
     r = zx / d[:, None]  # (S, I)
     schur = np.diag(xx) - zx.T @ r  # (I, I)
     rhs = xy - r.T @ zy  # (I,)
     if lam == 0:  # shape and seed effects are identified up to one shared constant: pin the last seed's
         schur, rhs = schur[:-1, :-1], rhs[:-1]
-    inverse = np.linalg.pinv(schur)
+        inverse, logdet = np.linalg.pinv(schur), 0.0
+    else:  # positive definite: every seed has a run and D_s > Z'Z
+        inverse, logdet = np.linalg.inv(schur), float(np.linalg.slogdet(schur)[1])
     u = inverse @ rhs
-    logdet = float(np.linalg.slogdet(schur)[1]) if lam > 0 else 0.0
     if lam == 0:
         u = np.append(u, 0.0)
         r = r[:, :-1]
     m = (zy - zx @ u) / d
-    return _Solution(m, u, d, r, inverse, logdet, float(y @ y - m @ zy - u @ xy))
+    return _Solution(m, u, d, r, inverse, logdet, float(yy - m @ zy - u @ xy))
 
 
-def _reml(shape: np.ndarray, seed: np.ndarray, y: np.ndarray, n_shapes: int, n_seeds: int) -> tuple[float, float]:
-    """``(tau^2, s2)`` by restricted maximum likelihood (Patterson and Thompson 1971), the seed effects fixed::
+class _Likelihood:
+    """The REML deviance of ``lambda = s2 / tau^2`` for one study's scores (Patterson and Thompson 1971), the seed
+    effects fixed::
 
         -2 l_R(lam) = (n - p) log(q(lam) / (n - p)) + sum_s log(1 + n_s / lam) + log |X' H^-1 X|,
         lam = s2 / tau^2,  s2 = q(lam) / (n - p),  H = I + Z Z' / lam,  p = the number of seeds,
 
-    ``q`` the quadratic of Henderson's equations at ``lam``, maximised over ``log lam`` on a grid, then by golden
-    section. A likelihood, unlike the moment estimate from the fixed-effects fit, is not biased by the adaptive
-    choice of which shapes get more seeds (a choice made on observed scores is ignorable for the likelihood); the
-    moment estimate's ``s2`` is inflated by the selected seed of every shape that was replicated because it was
-    lucky, and so it over-shrinks."""
-    n, p = len(y), n_seeds
-    seeds_per_shape = np.bincount(shape, minlength=n_shapes).astype(float)  # (S,)
+    ``q`` the quadratic of Henderson's equations at ``lam`` (constants dropped). A likelihood, unlike the moment
+    estimate from the fixed-effects fit, is not biased by the adaptive choice of which shapes get more seeds (a
+    choice made on observed scores is ignorable for the likelihood); the moment estimate's ``s2`` is inflated by
+    the selected seed of every shape that was replicated because it was lucky, and so it over-shrinks."""
 
-    def deviance(log_lam: float) -> float:
+    def __init__(self, shape: np.ndarray, seed: np.ndarray, y: np.ndarray, n_shapes: int, n_seeds: int) -> None:
+        self.design = _design(shape, seed, y, n_shapes, n_seeds)
+        self.df = len(y) - n_seeds  # n - p
+
+    def at(self, log_lam: float) -> tuple[float, float, _Solution]:
+        """``(deviance, profiled s2, the solve)`` at ``log lambda``."""
         lam = math.exp(log_lam)
-        sol = _normal_equations(shape, seed, y, n_shapes, n_seeds, lam)
+        sol = _normal_equations(self.design, lam)
         q = max(sol.quadratic, 1e-300)
-        return (n - p) * math.log(q / (n - p)) + float(np.sum(np.log1p(seeds_per_shape / lam))) + sol.logdet
+        deviance = self.df * math.log(q / self.df) + float(np.sum(np.log1p(self.design.counts / lam))) + sol.logdet
+        return deviance, q / self.df, sol
 
-    grid = np.linspace(-LOG_LAMBDA_MAX, LOG_LAMBDA_MAX, 19)
-    values = [deviance(x) for x in grid]
-    i = int(np.argmin(values))
-    low, high = grid[max(0, i - 1)], grid[min(len(grid) - 1, i + 1)]
-    golden = (math.sqrt(5) - 1) / 2
-    a, b = high - golden * (high - low), low + golden * (high - low)
-    fa, fb = deviance(a), deviance(b)
-    for _ in range(16):
-        if fa < fb:
-            high, b, fb = b, a, fa
-            a = high - golden * (high - low)
-            fa = deviance(a)
-        else:
-            low, a, fa = a, b, fb
-            b = low + golden * (high - low)
-            fb = deviance(b)
-    log_lam = (low + high) / 2
-    if i == len(grid) - 1 and log_lam > grid[-2]:  # the likelihood is flattest at no spread: tau^2 = 0
-        sol = _normal_equations(shape, seed, y, n_shapes, n_seeds, math.exp(grid[-1]))
-        return 0.0, sol.quadratic / (n - p)
-    lam = math.exp(log_lam)
-    s2 = _normal_equations(shape, seed, y, n_shapes, n_seeds, lam).quadratic / (n - p)
-    return s2 / lam, s2
+    def mode(self, grid: np.ndarray, deviances: np.ndarray) -> float:
+        """The REML estimate of ``log lambda``: the grid's best point refined by golden section; the grid's upper
+        end when the likelihood is flattest there (no spread: ``tau^2 = 0``)."""
+        i = int(np.argmin(deviances))
+        low, high = grid[max(0, i - 1)], grid[min(len(grid) - 1, i + 1)]
+        golden = (math.sqrt(5) - 1) / 2
+        a, b = high - golden * (high - low), low + golden * (high - low)
+        fa, fb = self.at(a)[0], self.at(b)[0]
+        for _ in range(12):
+            if fa < fb:
+                high, b, fb = b, a, fa
+                a = high - golden * (high - low)
+                fa = self.at(a)[0]
+            else:
+                low, a, fa = a, b, fb
+                b = low + golden * (high - low)
+                fb = self.at(b)[0]
+        return (low + high) / 2
 
 
 def fit(scores: dict[str, ShapeScores], min_tau_ratio: float = 0.0) -> Fit | None:
     """The two-way model fitted to every shape's per-seed scores (a seed trained twice counts with its mean).
 
-    ``min_tau_ratio`` floors ``tau`` at that fraction of ``sigma`` (0: the estimate as it is). The board keeps 0;
-    the allocation (``nas.study.adaptive``) floors it, so that an estimate of 0 early in a study (one seed a
-    shape, a noisy ``s2``) does not freeze every shape at one level and stop the search exploring."""
+    The posterior averages over ``lambda = s2 / tau^2`` (module docstring): a flat prior on ``log lambda`` over
+    ``LOG_LAMBDA_GRID`` times the REML likelihood. ``min_tau_ratio`` restricts that prior to ``tau >= ratio *
+    sigma`` (0: no restriction). The board keeps 0; the allocation (``nas.study.adaptive``) restricts it, so that
+    a likelihood that favours no spread early in a study (one seed a shape, a noisy ``s2``) does not freeze every
+    shape at one level and stop the search exploring."""
     keys = list(scores)
     seeds = sorted({s for shape in scores.values() for s in shape.seeds})
     if not keys:
@@ -238,21 +273,30 @@ def fit(scores: dict[str, ShapeScores], min_tau_ratio: float = 0.0) -> Fit | Non
     rows = [(k, seed_index[s], loss) for k, key in enumerate(keys) for s, loss in mean_by_seed(scores[key]).items()]
     shape, seed, y = (np.array(c) for c in zip(*rows))
     shape, seed, y = shape.astype(int), seed.astype(int), y.astype(float)
-    fixed = _normal_equations(shape, seed, y, len(keys), len(seeds), 0.0)
     df = len(y) - len(keys) - len(seeds) + 1
     if df <= 0 or len(keys) < 3:
+        fixed = _normal_equations(_design(shape, seed, y, len(keys), len(seeds)), 0.0)
         return Fit(keys, fixed.m, Prior(0.0, None, len(keys)))
-    tau2, s2 = _reml(shape, seed, y, len(keys), len(seeds))
-    tau2 = max(tau2, (min_tau_ratio**2) * s2)
-    prior = Prior(math.sqrt(tau2), math.sqrt(s2), len(keys))
-    if tau2 == 0.0:  # one level for every shape; its intervals are the unshrunk fit's (the data order nothing)
-        # the limit of the posterior order as tau -> 0+: a shape's level moves from the common one by about
-        # n_s tau^2 / s2 times its mean residual, so the flat ties go to the shape whose seeds *together* say most
-        # (not to the luckiest single seed, which the plain seed-adjusted loss would reward)
-        limit = _normal_equations(shape, seed, y, len(keys), len(seeds), math.exp(LOG_LAMBDA_MAX)).m
-        return Fit(keys, np.full(len(keys), float(np.mean(fixed.m))), prior, fixed.d, fixed.r, fixed.inverse, limit)
-    sol = _normal_equations(shape, seed, y, len(keys), len(seeds), s2 / tau2)
-    return Fit(keys, sol.m, prior, sol.d, sol.r, sol.inverse)
+    likelihood = _Likelihood(shape, seed, y, len(keys), len(seeds))
+    cap = -2 * math.log(min_tau_ratio) if min_tau_ratio > 0 else math.inf  # tau >= r sigma <=> log lam <= -2 log r
+    grid = LOG_LAMBDA_GRID[LOG_LAMBDA_GRID <= cap]
+    if len(grid) == 0 or grid[-1] < min(cap, LOG_LAMBDA_GRID[-1]):
+        grid = np.append(grid, min(cap, LOG_LAMBDA_GRID[-1]))
+    evaluated = [likelihood.at(x) for x in grid]
+    deviances = np.array([e[0] for e in evaluated])
+    taus = np.sqrt([s2 / math.exp(x) for x, (_, s2, _) in zip(grid, evaluated)])  # (G,)
+    weights = np.exp(-(deviances - deviances.min()) / 2) * taus  # flat in tau: d tau / d log lam = -tau / 2
+    weights /= weights.sum()
+    components = tuple(Component(float(x), float(w), s2, sol)
+                       for x, w, (_, s2, sol) in zip(grid, weights, evaluated) if w > MIN_COMPONENT_WEIGHT)
+    total = sum(c.weight for c in components)
+    components = tuple(Component(c.log_lam, c.weight / total, c.s2, c.sol) for c in components)
+    m = np.sum([c.weight * c.sol.m for c in components], axis=0)  # (S,)
+    log_lam = likelihood.mode(grid, deviances)
+    s2_mode = likelihood.at(log_lam)[1]
+    at_the_end = log_lam > grid[-2] and np.argmin(deviances) == len(grid) - 1 and not math.isfinite(cap)
+    tau2 = 0.0 if at_the_end else s2_mode / math.exp(log_lam)  # flattest at no spread: tau^2 = 0
+    return Fit(keys, m, Prior(math.sqrt(tau2), math.sqrt(s2_mode), len(keys)), components)
 
 
 def shrunk_gains(scores: dict[str, ShapeScores],
@@ -271,6 +315,7 @@ def _gains_of(model: Fit, scores: dict[str, ShapeScores], baseline_key: str) -> 
     adjusted = seed_adjusted_means(scores, baseline_key)
     base_mean = scores[baseline_key].mean
     b = model.keys.index(baseline_key)
+    variances = model.variances(b)
     out = {}
     for k, key in enumerate(model.keys):
         raw = adjusted[key] - base_mean
@@ -278,7 +323,7 @@ def _gains_of(model: Fit, scores: dict[str, ShapeScores], baseline_key: str) -> 
             out[key] = ShrunkGain(scores[key].n, raw, raw, None, None, 1.0)
             continue
         posterior = float(model.m[k] - model.m[b])
-        half = Z * math.sqrt(max(0.0, model.variance(k, b) or 0.0))
+        half = Z * math.sqrt(max(0.0, float(variances[k]))) if variances is not None else 0.0
         out[key] = ShrunkGain(scores[key].n, raw, posterior, posterior - half, posterior + half,
                               model.prior.weight(scores[key].n))
     return out
@@ -286,8 +331,7 @@ def _gains_of(model: Fit, scores: dict[str, ShapeScores], baseline_key: str) -> 
 
 def rank_shapes(scores: dict[str, ShapeScores], baseline_key: str | None) -> Ranking:
     """The board in one fit: shapes best first by ``L_base + E[theta_s]`` (module docstring; every shape of a study
-    without a baseline keeps its plain mean), ties (every shape shrunk to one level) broken by the order the levels
-    take as ``tau -> 0+`` (``Fit.limit``), then by the seed-adjusted loss and the plain mean."""
+    without a baseline keeps its plain mean), ties broken by the seed-adjusted loss, then by the plain mean."""
     adjusted = seed_adjusted_means(scores, baseline_key)
     model = fit(scores) if baseline_key in scores else None
     if model is None:
@@ -296,9 +340,7 @@ def rank_shapes(scores: dict[str, ShapeScores], baseline_key: str | None) -> Ran
     gains = _gains_of(model, scores, baseline_key)  # type: ignore[arg-type]
     base = scores[baseline_key].mean  # type: ignore[index]
     ranked = {key: base + gains[key].posterior for key in scores}
-    limit = dict(zip(model.keys, model.limit)) if model.limit is not None else adjusted
-    order = sorted(scores, key=lambda k: (round(ranked[k], 12), round(float(limit[k]), 12), adjusted[k],
-                                          scores[k].mean))
+    order = sorted(scores, key=lambda k: (round(ranked[k], 12), adjusted[k], scores[k].mean))
     return Ranking(order, ranked, gains, model.prior)
 
 

@@ -17,7 +17,7 @@ from reports.frame import study_data
 from reports.shrinkage import fit
 from reports.summary import summarise
 from tests.test_race import play, search_of, trial_of
-from tests.test_shrinkage import BASE, dense_posterior, scores_of
+from tests.test_shrinkage import BASE, TABLE, mixture_posterior, scores_of
 
 
 def summary_of(search, trials):
@@ -26,16 +26,12 @@ def summary_of(search, trials):
 
 
 def test_posterior_draws_have_the_mixed_model_posteriors_mean_and_covariance():
-    table = {BASE: {0: 3.0, 1: 3.1, 2: 2.9, 3: 3.05},
-             "a": {0: 2.78, 1: 3.06, 2: 2.72, 3: 2.98}, "b": {0: 2.85}, "c": {0: 3.1}, "d": {1: 3.2, 2: 2.85},
-             "e": {2: 2.95, 3: 2.95}, "f": {0: 3.02}, "g": {1: 3.0}}
-    model = fit(scores_of(table))
+    model = fit(scores_of(TABLE))
     samples = model.draws(np.random.default_rng(0), 200_000)
-    m, cov, keys = dense_posterior(table, model.prior.tau**2, model.prior.sigma**2)
-    assert keys == model.keys
-    assert samples.mean(axis=0) == pytest.approx([m[k] for k in keys], abs=2e-3)
-    # the joint covariance, shared seed effects included, not only each shape's own variance
-    assert np.cov(samples, rowvar=False) == pytest.approx(cov[:len(keys), :len(keys)], abs=4e-4)
+    mean, cov = mixture_posterior(TABLE, model)
+    assert samples.mean(axis=0) == pytest.approx(mean, abs=2e-3) and model.m == pytest.approx(mean, abs=1e-9)
+    # the joint covariance, shared seed effects and the spread over lambda included
+    assert np.cov(samples, rowvar=False) == pytest.approx(cov, abs=4e-4)
 
 
 def test_the_credible_set_holds_the_pick_then_the_likeliest_until_95_percent():
