@@ -42,6 +42,27 @@ def figure_10(data: dict[str, Any] | None = None) -> go.Figure:
     return fig
 
 
+def figure_11(data: dict[str, Any] | None = None) -> go.Figure:
+    """Figure 11(c)'s question on figure 12's stored runs: how well the loss after ``t`` tokens ranks the runs by
+    their final score (Spearman), per proxy configuration; where a median pruner could start."""
+    data = data or json.loads((DATA / "proxy_fidelity.json").read_text())
+    fig = go.Figure()
+    colours = ["#22558c", "#d95f02", "#1b9e77", "#7570b3", "#e7298a", "#66a61e"]
+    for i, config in enumerate(data["configs"]):
+        curve = config.get("result", {}).get("pruning_spearman", {})
+        if curve:
+            tokens = sorted(curve, key=int)
+            fig.add_trace(go.Scatter(x=[int(t) / 1024 for t in tokens], y=[curve[t] for t in tokens],
+                                     mode="lines+markers", name=config["name"],
+                                     line={"color": colours[i % len(colours)]}))
+    fig.add_hline(y=0.9, line_dash="dash", line_color="#999", annotation_text="ranks like the final (0.9)")
+    fig.update_xaxes(title_text="tokens seen (k)")
+    fig.update_yaxes(title_text="Spearman: loss at t vs final score", range=[-0.4, 1.0])
+    fig.update_layout(title="Figure 11(c): how early a run's loss ranks the runs (figure 12's runs, per proxy)",
+                      height=460, width=860, margin={"t": 50, "l": 60, "r": 20, "b": 50})
+    return fig
+
+
 def figure_12(data: dict[str, Any] | None = None) -> go.Figure:
     data = data or json.loads((DATA / "proxy_fidelity.json").read_text())
     fig = make_subplots(rows=1, cols=2, subplot_titles=("separation (spread of true means / paired sd)",

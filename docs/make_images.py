@@ -5,7 +5,7 @@ minute on 2 cores) into a temporary SQLite file, or reads ``--storage`` / ``--st
 200-trial search's ``nas.db``, say), writes its ``nas report``, opens it in headless Chromium (the
 browser the tests drive, through playwright; nothing is downloaded) and saves screenshots into
 ``docs/images``: the top of the page (summary and leaderboard), and each figure section. It also draws the
-recorded benchmark figures 10 and 12 (``benchmarks/plots.py``, from ``benchmarks/data``) the same way;
+recorded benchmark figures 10, 11(c) and 12 (``benchmarks/plots.py``, from ``benchmarks/data``) the same way;
 ``--figures-only`` draws just those.
 """
 
@@ -29,14 +29,14 @@ def nas(*args: str, cwd: Path) -> None:
 
 
 def benchmark_figures(work: Path, out: Path, chromium: str) -> None:
-    """Figures 10 and 12 as PNG files (``figure-10.png``, ``figure-12.png``), drawn by plotly in Chromium."""
+    """Figures 10, 11(c) and 12 as PNG files (``figure-10.png`` ...), drawn by plotly in Chromium."""
     from playwright.sync_api import sync_playwright
 
-    from benchmarks.plots import figure_10, figure_12
+    from benchmarks.plots import figure_10, figure_11, figure_12
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=ARGS)
-        for name, fig in (("figure-10", figure_10()), ("figure-12", figure_12())):
+        for name, fig in (("figure-10", figure_10()), ("figure-11", figure_11()), ("figure-12", figure_12())):
             page_file = work / f"{name}.html"
             fig.write_html(str(page_file), include_plotlyjs=True, full_html=True)
             page = browser.new_page(viewport={"width": int(fig.layout.width) + 20,

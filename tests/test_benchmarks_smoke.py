@@ -145,11 +145,11 @@ def test_the_prepared_gpu_check_runs_its_code_on_the_cpu_with_smoke(tmp_path, na
     assert report["oom_halving"]["status"] == "ok" and report["oom_halving"]["micro_batch"] == 2, report["oom_halving"]
 
 
-def test_the_docs_plots_of_figures_10_and_12_draw_every_recorded_row() -> None:
+def test_the_docs_plots_of_figures_10_11_and_12_draw_every_recorded_row() -> None:
     """``benchmarks/plots.py`` draws the recorded data (``docs/make_images.py`` renders it): one point per row."""
     import json
 
-    from benchmarks.plots import DATA, figure_10, figure_12
+    from benchmarks.plots import DATA, figure_10, figure_11, figure_12
 
     rows = json.loads((DATA / "ranking_simulation.json").read_text())["rows"]
     drawn = sum(len(trace.x) for trace in figure_10().data)
@@ -158,3 +158,5 @@ def test_the_docs_plots_of_figures_10_and_12_draw_every_recorded_row() -> None:
     points = sum(len(c["result"]["scores"]) for c in fidelity["configs"])
     separation = [t for t in figure_12().data if t.xaxis in (None, "x") and t.x[0] is not None]
     assert len(separation) == points >= 15
+    curves = [c["result"]["pruning_spearman"] for c in fidelity["configs"] if c["result"].get("pruning_spearman")]
+    assert sum(len(t.x) for t in figure_11().data) == sum(len(c) for c in curves) >= 40

@@ -133,11 +133,11 @@ def test_space_of_5_with_12_trials_trains_each_member_once_then_seed_replicates(
 
 
 def test_space_of_5_races_its_members_on_common_seeds_after_the_walk(tmp_path):
-    """The default after an exhaustive walk: the baseline and the best members race on common seeds; the worse
-    ones are dropped; every (shape, seed) once; nas best names the tied set."""
+    """--replicates race after an exhaustive walk: the baseline and the best members race on common seeds; the
+    worse ones are dropped; every (shape, seed) once; nas best names the tied set."""
     storage = sqlite_url(tmp_path / "race.db")
     search = run_search(SearchConfig(space=tiny_space(layers=6), preset="tiny", storage=storage, trials=20,
-                                     race_size=3, train_overrides=(("tokens", 2048),)))
+                                     replicates="race", race_size=3, train_overrides=(("tokens", 2048),)))
     trials = load_trials(storage, search.config.study_name)
     assert_no_repeated_work(trials, 20)
     done = counted(trials)
@@ -148,6 +148,28 @@ def test_space_of_5_races_its_members_on_common_seeds_after_the_walk(tmp_path):
     round_1 = {t.user_attrs["key"] for t in raced if t.user_attrs["seed"] == 1}
     assert len(round_1) == 4 and search.baseline.key() in round_1  # the baseline and the 3 best, one common seed
     assert all(t.state == TrialState.COMPLETE for t in raced)  # race trials are never pruned
+    board = json.loads(CliRunner().invoke(app, ["best", "--storage", storage, "--format", "json"]).stdout)
+    assert sum(r["tied_with_best"] for r in board) >= 1 and all("paired_gain_low" in r for r in board)
+
+
+def test_space_of_5_spends_its_replicates_adaptively(tmp_path):
+    """--replicates adaptive after an exhaustive walk, real training: the warm-up puts the baseline
+    and the first pass's best on seed 1, then every trial goes to a shape's lowest free seed above the base;
+    every (shape, seed) once, nothing pruned; the report's pick, its credible interval and tied set come out."""
+    storage = sqlite_url(tmp_path / "adaptive.db")
+    search = run_search(SearchConfig(space=tiny_space(layers=6), preset="tiny", storage=storage, trials=20,
+                                     replicates="adaptive", train_overrides=(("tokens", 2048),)))
+    trials = load_trials(storage, search.config.study_name)
+    assert_no_repeated_work(trials, 20)
+    done = counted(trials)
+    replicates = [t for t in done if t.user_attrs["role"] not in ("baseline", "member")]
+    assert len(replicates) == 15 and {t.user_attrs["role"] for t in replicates} <= {"adaptive", "adaptive-confirm"}
+    assert {t.user_attrs["seed"] for t in replicates[:5]} == {1}  # the warm-up: 4 best + the baseline, all 5 here
+    for t in replicates:  # common seeds: the lowest seed above the base that the shape had not trained on
+        earlier = {u.user_attrs["seed"] for u in done if u.user_attrs["key"] == t.user_attrs["key"]
+                   and u.number < t.number}
+        assert t.user_attrs["seed"] == min(set(range(1, 30)) - earlier)
+    assert all(t.state == TrialState.COMPLETE for t in replicates)  # adaptive trials are never pruned
     board = json.loads(CliRunner().invoke(app, ["best", "--storage", storage, "--format", "json"]).stdout)
     assert sum(r["tied_with_best"] for r in board) >= 1 and all("paired_gain_low" in r for r in board)
 

@@ -6,8 +6,11 @@ train next, ``nas.study.planning``) and the report (the pick, its tied set and i
 
 - **the posterior.** Every stored score enters the two-way random-effects model of
   ``reports.shrinkage`` (``L = shape level + seed effect + noise``; the shape levels' prior
-  ``N(mean, tau^2)`` and the noise ``s2`` estimated from the study itself, empirical Bayes). It is
-  refitted from the storage at every call, so the prior follows the trials as they arrive.
+  ``N(mean, tau^2)`` and the noise ``s2`` from the study itself: REML, and the posterior averaged
+  over what the likelihood leaves open of ``s2 / tau^2``). It is refitted from the storage at every
+  call, so the prior follows the trials as they arrive. The allocation's fit restricts ``tau >=
+  MIN_TAU_RATIO * sigma``, so that a likelihood favouring no spread early on does not stop it
+  exploring; the report's pick and intervals use the unrestricted fit.
 - **the warm-up.** ``s2`` needs shapes with two seeds: first the baseline and the ``WARMUP`` best
   shapes of the first pass train on the next seed (``WARMUP`` degrees of freedom for ``s2``).
 - **the allocation** (Russo, "Simple Bayesian algorithms for best-arm identification", COLT 2016;
@@ -48,7 +51,7 @@ ADAPTIVE_ROLES = ("adaptive", "adaptive-confirm")
 WARMUP = 4  # first-pass best shapes that, with the baseline, open the second seed
 DRAWS = 4000  # joint posterior draws for the report's probabilities of being the best (fewer for large spaces)
 PLANNING_DRAWS = 1000  # the planner's: enough to tell P(best) >= 0.95 to about +-0.007
-MIN_TAU_RATIO = 0.1  # the allocation's floor on tau / sigma (reports.shrinkage.fit): keeps exploring when tau^ = 0
+MIN_TAU_RATIO = 0.1  # the allocation's floor on tau / sigma (reports.shrinkage.fit): keeps exploring at tau^ = 0
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Planning the next trial of a small space: the exhaustive walk, then a race (or fixed seed replicates).
+"""Planning the next trial of a small space: the exhaustive walk, then a race (or adaptive or fixed replicates).
 
 A space with no more members than ``--trials`` is walked exhaustively, in its order, on the base
 seed (the first pass). The remaining trials go, by default, to a **race** (``--replicates race``;
@@ -18,9 +18,11 @@ as irace and F-race race algorithm configurations):
 The plan is recomputed from the storage at every call, so any number of workers on any
 number of machines share one race: a (shape, seed) in flight or done is never planned again,
 and a worker whose round is taken by others goes on to the next round instead of waiting.
-``--replicates fixed`` keeps the earlier policy: seeds for the baseline and the
-``replicate_top`` best shapes by seed-adjusted loss, least-replicated first. ``None`` lets the sampler
-propose instead (spaces larger than ``--trials``).
+``--replicates adaptive`` spends the trials by top-two Thompson sampling on the study's shrunk
+posterior instead (``nas.study.adaptive``; recomputed from the storage the same way).
+``--replicates fixed`` keeps the earliest policy: seeds for the baseline and the ``replicate_top`` best shapes by
+seed-adjusted loss, least-replicated first. ``None`` lets the sampler propose instead (spaces
+larger than ``--trials``).
 """
 
 from __future__ import annotations
