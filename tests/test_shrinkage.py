@@ -25,8 +25,8 @@ def scores_of(table: dict[str, dict[int, float]]) -> dict[str, ShapeScores]:
     return out
 
 
-def dense_posterior(table: dict[str, dict[int, float]], tau2: float, s2: float) -> tuple[dict, np.ndarray, list]:
-    """The posterior of the two-way model by the textbook route: the full mixed-model equations, solved densely."""
+def dense_design(table: dict[str, dict[int, float]]) -> tuple[list, np.ndarray, np.ndarray, np.ndarray]:
+    """``(keys, Z, X, y)``: every score's shape and seed indicators, ``(n, S)`` and ``(n, I)``, and the scores."""
     keys, seeds = list(table), sorted({s for v in table.values() for s in v})
     rows = [(keys.index(k), seeds.index(s), y) for k in keys for s, y in table[k].items()]
     z = np.zeros((len(rows), len(keys)))
@@ -34,8 +34,14 @@ def dense_posterior(table: dict[str, dict[int, float]], tau2: float, s2: float) 
     y = np.array([r[2] for r in rows])
     for j, (k, i, _) in enumerate(rows):
         z[j, k], x[j, i] = 1.0, 1.0
+    return keys, z, x, y
+
+
+def dense_posterior(table: dict[str, dict[int, float]], tau2: float, s2: float) -> tuple[dict, np.ndarray, list]:
+    """The posterior of the two-way model by the textbook route: the full mixed-model equations, solved densely."""
+    keys, z, x, y = dense_design(table)
     w = np.hstack([z, x])
-    penalty = np.diag([s2 / tau2] * len(keys) + [0.0] * len(seeds))
+    penalty = np.diag([s2 / tau2] * len(keys) + [0.0] * x.shape[1])
     lhs = w.T @ w + penalty
     solution = np.linalg.solve(lhs, w.T @ y)
     return dict(zip(keys, solution[:len(keys)])), s2 * np.linalg.inv(lhs), keys
@@ -58,18 +64,12 @@ def reml_deviance(table: dict[str, dict[int, float]], lam: float) -> float:
     """-2 REML log-likelihood (up to a constant) by the textbook route, with ``s2`` profiled out:
     ``V = I + Z Z' / lam``, ``P = V^-1 - V^-1 X (X' V^-1 X)^-1 X' V^-1``,
     ``-2 l = log|V| + log|X' V^-1 X| + (n - p) log(y' P y / (n - p))``."""
-    keys, seeds = list(table), sorted({s for v in table.values() for s in v})
-    rows = [(keys.index(k), seeds.index(s), y) for k in keys for s, y in table[k].items()]
-    z = np.zeros((len(rows), len(keys)))
-    x = np.zeros((len(rows), len(seeds)))
-    y = np.array([r[2] for r in rows])
-    for j, (k, i, _) in enumerate(rows):
-        z[j, k], x[j, i] = 1.0, 1.0
-    v = np.eye(len(rows)) + z @ z.T / lam
+    _, z, x, y = dense_design(table)
+    v = np.eye(len(y)) + z @ z.T / lam
     vi = np.linalg.inv(v)
     xvx = x.T @ vi @ x
     p = vi - vi @ x @ np.linalg.solve(xvx, x.T @ vi)
-    df = len(rows) - len(seeds)
+    df = len(y) - x.shape[1]
     return float(np.linalg.slogdet(v)[1] + np.linalg.slogdet(xvx)[1] + df * np.log(y @ p @ y / df))
 
 
