@@ -154,6 +154,18 @@ class Fit:
         total[b] = 0.0
         return total
 
+    def marginals(self) -> tuple[np.ndarray, np.ndarray, float] | None:
+        """Every shape level's posterior mean and variance, ``(S,)`` each, and the run noise ``s2`` (the components'
+        weighted mean); None when nothing is shrunk. Per component ``Var(m_s) = s2 (1/D_s + R_s S^-1 R_s')`` (the
+        seed effects' uncertainty included), mixed by the law of total variance."""
+        if not self.components:
+            return None
+        total = np.zeros(len(self.keys))
+        for c in self.components:
+            within = c.s2 * (1 / c.sol.d + np.einsum("si,ij,sj->s", c.sol.r, c.sol.inverse, c.sol.r))
+            total += c.weight * (within + (c.sol.m - self.m) ** 2)
+        return self.m, total, float(sum(c.weight * c.s2 for c in self.components))
+
     def draws(self, rng: np.random.Generator, n: int) -> np.ndarray | None:
         """``n`` joint draws of the shape levels from their posterior, ``(n, S)``; None when nothing is shrunk.
 
@@ -262,14 +274,16 @@ class _Likelihood:
         return (low + high) / 2
 
 
-def fit(scores: dict[str, ShapeScores], min_tau_ratio: float = 0.0) -> Fit | None:
+def fit(scores: dict[str, ShapeScores], min_tau_ratio: float = 0.0, plug_in: bool = False) -> Fit | None:
     """The two-way model fitted to every shape's per-seed scores (a seed trained twice counts with its mean).
 
     The posterior averages over ``lambda = s2 / tau^2`` (module docstring): a flat prior on ``log lambda`` over
     ``LOG_LAMBDA_GRID`` times the REML likelihood. ``min_tau_ratio`` restricts that prior to ``tau >= ratio *
     sigma`` (0: no restriction). The board keeps 0; the allocation (``nas.study.adaptive``) restricts it, so that
     a likelihood that favours no spread early in a study (one seed a shape, a noisy ``s2``) does not freeze every
-    shape at one level and stop the search exploring."""
+    shape at one level and stop the search exploring. ``plug_in``: the posterior at the REML estimate alone (one
+    component, empirical Bayes), the allocation's; narrower than the average, so its intervals under-cover
+    (figure 10), but it spends replicates on fewer shapes."""
     keys = list(scores)
     seeds = sorted({s for shape in scores.values() for s in shape.seeds})
     if not keys:
@@ -298,10 +312,13 @@ def fit(scores: dict[str, ShapeScores], min_tau_ratio: float = 0.0) -> Fit | Non
     components = tuple(Component(c.log_lam, c.weight / total, c.s2, c.sol) for c in components)
     m = np.sum([c.weight * c.sol.m for c in components], axis=0)  # (S,)
     log_lam = likelihood.mode(grid, deviances)
-    s2_mode = likelihood.at(log_lam)[1]
+    _, s2_mode, mode_sol = likelihood.at(log_lam)
     at_the_end = log_lam > grid[-2] and np.argmin(deviances) == len(grid) - 1 and not math.isfinite(cap)
     tau2 = 0.0 if at_the_end else s2_mode / math.exp(log_lam)  # flattest at no spread: tau^2 = 0
-    return Fit(keys, m, Prior(math.sqrt(tau2), math.sqrt(s2_mode), len(keys)), components)
+    prior = Prior(math.sqrt(tau2), math.sqrt(s2_mode), len(keys))
+    if plug_in and not at_the_end:
+        return Fit(keys, mode_sol.m, prior, (Component(log_lam, 1.0, s2_mode, mode_sol),))
+    return Fit(keys, m, prior, components)
 
 
 def shrunk_gains(scores: dict[str, ShapeScores],

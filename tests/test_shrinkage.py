@@ -97,6 +97,22 @@ def test_the_mixture_weighs_every_lambda_by_its_reml_likelihood_times_a_flat_pri
     assert floored.prior.tau >= 0.1 * floored.prior.sigma - 1e-12
 
 
+def test_every_shapes_marginal_and_the_plug_in_posterior_are_the_dense_ones():
+    model = fit(scores_of(TABLE))
+    mean, cov = mixture_posterior(TABLE, model)
+    mu, var, s2 = model.marginals()
+    assert mu == pytest.approx(mean, abs=1e-9) and var == pytest.approx(np.diag(cov), rel=1e-6)
+    assert s2 == pytest.approx(sum(c.weight * c.s2 for c in model.components))
+    # plugged in: one component at the REML estimate (the allocation's), the dense posterior at tau^, s2^
+    plug = fit(scores_of(TABLE), plug_in=True)
+    assert len(plug.components) == 1 and plug.prior == model.prior
+    dense, dense_cov, keys = dense_posterior(TABLE, plug.prior.tau ** 2, plug.prior.sigma ** 2)
+    mu, var, _ = plug.marginals()
+    assert mu == pytest.approx([dense[k] for k in keys], abs=1e-9)
+    assert var == pytest.approx(np.diag(dense_cov)[:len(keys)], rel=1e-6)
+    assert var.sum() < model.marginals()[1].sum()  # narrower than the average over lambda
+
+
 def test_the_posterior_solves_the_mixed_model_equations():
     table = TABLE
     gains, prior = shrunk_gains(scores_of(table), BASE)
