@@ -1,8 +1,9 @@
-"""Adaptive replicates (``--replicates adaptive``, ``nas.study.adaptive``): top-two Thompson sampling on the shrunk
+"""Adaptive replicates (``--replicates adaptive``, ``nas.study.adaptive``): the knowledge gradient on the shrunk
 posterior, planned by the real planner on trials made with Optuna's API (no training)."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import numpy as np
@@ -10,7 +11,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from nas.study.adaptive import WARMUP, adaptive_state, credible_set, next_shape
+from nas.study.adaptive import WARMUP, adaptive_state, credible_set, knowledge_gradients, next_shape
 from nas.study.planning import plan_next
 from nas.study.records import scores_by_shape
 from reports.frame import study_data
@@ -34,6 +35,21 @@ def test_posterior_draws_have_the_mixed_model_posteriors_mean_and_covariance():
     assert np.cov(samples, rowvar=False) == pytest.approx(cov, abs=4e-4)
 
 
+def test_the_knowledge_gradient_is_the_expected_drop_of_the_lowest_posterior_mean_after_one_more_score():
+    mu = np.array([2.90, 2.93, 2.95, 3.10])
+    v = np.array([0.0004, 0.004, 0.0002, 0.004])  # the leader known well; a close and a far shape both uncertain
+    s2 = 0.006
+    gradient = knowledge_gradients(mu, v, s2)
+    rng = np.random.default_rng(1)
+    for k in range(len(mu)):  # Monte Carlo: draw the next score, update mu_k, see how far the minimum falls
+        y = rng.normal(mu[k], math.sqrt(v[k] + s2), 400_000)
+        updated = mu[k] + v[k] / (v[k] + s2) * (y - mu[k])
+        others = np.delete(mu, k).min()
+        assert gradient[k] == pytest.approx(mu.min() - np.minimum(updated, others).mean(), abs=1.5e-4)
+    # the close uncertain shape is worth a seed; the far one and the well-known one are not
+    assert int(np.argmax(gradient)) == 1 and gradient[1] > 5 * max(gradient[2], gradient[3])
+
+
 def test_the_credible_set_holds_the_pick_then_the_likeliest_until_95_percent():
     p = {"a": 0.5, "b": 0.3, "c": 0.16, "d": 0.04}
     assert credible_set(p, "a") == ("a", "b", "c")
@@ -41,7 +57,7 @@ def test_the_credible_set_holds_the_pick_then_the_likeliest_until_95_percent():
     assert credible_set({"a": 0.97, "b": 0.03}, "a") == ("a",)
 
 
-def test_warm_up_opens_the_second_seed_then_thompson_sampling_keeps_common_seeds_and_finds_the_best():
+def test_warm_up_opens_the_second_seed_then_the_knowledge_gradient_keeps_common_seeds_and_finds_the_best():
     search = search_of(trials=8 + 50, replicates="adaptive")
     keys = [a.key() for a in search.members()]
     baseline = search.baseline.key()
