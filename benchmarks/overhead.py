@@ -116,6 +116,42 @@ def study_overhead(result, trials: int, cache_dir: str | None, preset: str) -> t
     return (t_last - t_first) / max(1, n_last), late
 
 
+PLANNED_STUDIES = (("the default search's replicate phase: 129 shapes, 200 trials", 129, 200),
+                   ("a small space replicated for hours: 5 shapes x 1,000 seeds", 5, 5000))
+
+
+def adaptive_plan_seconds(shapes: int, trials: int, reps: int, seed: int = 0) -> float:
+    """Median seconds of one adaptive plan (``nas.study.adaptive.next_shape``, what a worker calls before each
+    replicate trial) on a simulated study: ``shapes`` shapes on seed 0, then the baseline and the 7 best of them in
+    turn on seeds 1, 2, ... until ``trials`` scores (a score: a shape level, a seed effect and run noise)."""
+    import random
+
+    from nas.study.adaptive import next_shape, warmup_shapes
+    from nas.study.records import ShapeScores
+
+    rng = random.Random(seed)
+    keys = [f"s{i}" for i in range(shapes)]
+    levels = {k: 2.9 + rng.gauss(0, 0.06) for k in keys}
+    effects: dict[int, float] = {}
+    runs: dict[str, list[tuple[int, int, float]]] = {k: [] for k in keys}
+    replicated: list[str] = []
+    for number in range(trials):
+        if number == shapes:  # after the first pass: the baseline and the first pass's best, round by round
+            replicated = [keys[0], *sorted(keys[1:], key=lambda k: runs[k][0][2])][:8]
+        key, seed_of = (keys[number], 0) if number < shapes else (replicated[(number - shapes) % len(replicated)],
+                                                                  1 + (number - shapes) // len(replicated))
+        effect = effects.setdefault(seed_of, rng.gauss(0, 0.1))
+        runs[key].append((number, seed_of, levels[key] + effect + rng.gauss(0, 0.08)))
+    while True:  # as the planner does first: the baseline and the 4 best have the second seed (the warm-up)
+        scores = {k: ShapeScores(k, *(tuple(c) for c in zip(*rows))) for k, rows in runs.items()}
+        waiting = [k for k in warmup_shapes(scores, keys[0]) if 1 not in scores[k].seeds]
+        if not waiting:
+            break
+        runs[waiting[0]].append((trials + len(waiting), 1, levels[waiting[0]] + effects[1] + rng.gauss(0, 0.08)))
+    trained = {k: set(score.seeds) for k, score in scores.items()}
+    return _median_time(lambda: next_shape(scores, keys[0], 0, trained), reps)
+
+
 def run(cfg: BenchConfig) -> Figure:
     from nas.data.loading import load_data
     from runners.presets import get_preset
@@ -143,6 +179,10 @@ def run(cfg: BenchConfig) -> Figure:
                  "share of trial": overhead / wall})
     rows.append({"setup": "once per worker", "piece": "data load (builtin, cached; not per trial)", "seconds": load_s,
                  "share of trial": float("nan")})
+    for what, shapes, scores in PLANNED_STUDIES[:1] if cfg.smoke else PLANNED_STUDIES:
+        plan_s = adaptive_plan_seconds(shapes, scores, 1 if cfg.smoke else 3, cfg.seed)
+        rows.append({"setup": "per adaptive replicate trial", "piece": f"plan (nas.study.adaptive): {what}",
+                     "seconds": plan_s, "share of trial": plan_s / wall})
     fraction = overhead / wall
     biggest = max(rows[1:-2], key=lambda r: r["seconds"])
     summary = f"{fraction:.1%} of a default trial (largest piece: {biggest['piece']}, {biggest['share of trial']:.1%})"
@@ -155,7 +195,9 @@ def run(cfg: BenchConfig) -> Figure:
                 "nas.study.parallel.run_search "
                 "(SearchConfig(): 200 trials, TPE, median pruner, SQLite) with training replaced by a replay of the "
                 "real trial's result (de-duplication, heartbeats, attribute writes included), seconds per counted "
-                f"trial over trials {study_trials // 2}-{study_trials}; one warm-up run before the measured trial"),
+                f"trial over trials {study_trials // 2}-{study_trials}; one warm-up run before the measured trial; "
+                "adaptive plans timed on simulated studies (benchmarks.overhead.adaptive_plan_seconds), not in the "
+                "total: a default search plans adaptively only after its first pass"),
         columns=["setup", "piece", "seconds", "share of trial"],
         rows=rows, passed=fraction <= TARGET, summary=summary,
         seconds=time.perf_counter() - started, smoke=cfg.smoke)

@@ -113,6 +113,40 @@ def test_every_shapes_marginal_and_the_plug_in_posterior_are_the_dense_ones():
     assert var.sum() < model.marginals()[1].sum()  # narrower than the average over lambda
 
 
+def tall_table(shapes: int = 4, seeds: int = 30) -> dict[str, dict[int, float]]:
+    """More seeds than shapes (a long confirm phase): every seed trains the baseline and some of the others."""
+    rng = random.Random(5)
+    levels = {BASE: 3.0, **{f"s{i}": 3.0 + rng.gauss(0, 0.05) for i in range(1, shapes)}}
+    effects = [rng.gauss(0, 0.1) for _ in range(seeds)]
+    return {key: {i: level + effects[i] + rng.gauss(0, 0.08) for i in range(seeds) if key == BASE or rng.random() < 0.6}
+            for key, level in levels.items()}
+
+
+def test_a_study_with_more_seeds_than_shapes_eliminates_the_seeds_and_gets_the_same_posterior():
+    """The (S, S) route (``_eliminate_seeds``) against the textbook dense one: the likelihood's weights, every
+    shape's mean and variance, the gains' intervals, and the joint draws' covariance."""
+    table = tall_table()
+    model = fit(scores_of(table))
+    assert model.components and np.isinf(model.components[0].sol.d).all()  # the seeds were eliminated
+    dense = {c.log_lam: reml_deviance(table, math.exp(c.log_lam)) for c in model.components}
+    lowest = min(dense.values())
+    expected = {x: math.exp(-(d - lowest) / 2) * math.sqrt(c.s2 / math.exp(x))
+                for c in model.components for x, d in [(c.log_lam, dense[c.log_lam])]}
+    for c in model.components:
+        assert c.weight == pytest.approx(expected[c.log_lam] / sum(expected.values()), rel=1e-3, abs=1e-6)
+    mean, cov = mixture_posterior(table, model)
+    mu, var, _ = model.marginals()
+    assert mu == pytest.approx(mean, abs=1e-9) and var == pytest.approx(np.diag(cov), rel=1e-6)
+    gains, _ = shrunk_gains(scores_of(table), BASE)
+    b = model.keys.index(BASE)
+    for k, key in enumerate(model.keys):
+        half = 1.959964 * math.sqrt(cov[k, k] + cov[b, b] - 2 * cov[k, b])
+        theta = mean[k] - mean[b]
+        assert (gains[key].low, gains[key].high) == pytest.approx((theta - half, theta + half), abs=1e-6)
+    draws = model.draws(np.random.default_rng(0), 40_000)  # (n, S)
+    assert np.cov(draws.T) == pytest.approx(cov, abs=0.05 * float(np.max(np.diag(cov))))
+
+
 def test_the_posterior_solves_the_mixed_model_equations():
     table = TABLE
     gains, prior = shrunk_gains(scores_of(table), BASE)
