@@ -16,6 +16,19 @@ for large ``n`` it tends to ``(z_{1-alpha/2} + z_{0.8}) sigma / sqrt(n)``). The 
 ``alpha`` (Bonferroni over the race's candidates after a race, as the pick's interval). The
 seeds a 1 % and a 0.5 % gain would need are the smallest ``n`` whose MDG is at most that share
 of the baseline's loss. ``tests/test_resolution.py`` checks the power against a simulation.
+
+After adaptive replicates the sentence's test is the pick's 95 % *credible* interval of its shrunk
+gain (``reports.shrinkage``), not a t interval on its paired seeds (the shape model reads every
+seed of every shape, so the baseline needs no seed in common with the pick). Its estimate is linear in
+the scores at the REML ``lambda``, ``theta_hat ~ N(-g delta, s2 c2)`` at a true gain ``delta`` (every
+other shape level with the baseline; ``reports.shrinkage.GainDesign``), with posterior sd ``sqrt(s2 q)``,
+so its power and minimum detectable gain are::
+
+    power(delta) = Phi((g delta - z_{1-alpha/2} sqrt(s2 q)) / sqrt(s2 c2))
+    MDG = (z_{1-alpha/2} sqrt(s2 q) + z_{0.8} sqrt(s2 c2)) / g
+
+(``posterior_resolution``; ``g < 1``: the shrinkage keeps part of a true gain, so the MDG is larger than
+``2.8`` posterior sds).
 """
 
 from __future__ import annotations
@@ -24,6 +37,8 @@ import math
 from dataclasses import dataclass
 
 from scipy import optimize, stats
+
+from reports.shrinkage import GainDesign
 
 POWER = 0.8
 TARGET_SHARES = (0.01, 0.005)  # the gains (as shares of the baseline's loss) whose seed counts every answer gives
@@ -75,21 +90,31 @@ class Resolution:
     baseline_loss: float
     gain: float  # nats
     seeds_needed: dict[float, int | None]  # share of the baseline's loss -> paired seeds per shape
+    baseline_n: int | None = None  # set for the credible interval's resolution: the baseline's seeds
 
     @property
     def gain_pct(self) -> float:
         return 100 * self.gain / self.baseline_loss
 
     def text(self) -> str:
-        """``a gain of 6.17 % (0.188 nats) or more (80 % power, 8 paired seeds, paired sd 0.108)``."""
-        return (f"a gain of {self.gain_pct:.2f} % ({self.gain:.3f} nats) or more ({100 * POWER:.0f} % power, "
-                f"{self.n} paired seed{'s' if self.n != 1 else ''}, paired sd {self.sd:.3f})")
+        """``a gain of 6.17 % (0.188 nats) or more (80 % power, 8 paired seeds, paired sd 0.108)``; after adaptive
+        replicates ``... (80 % power of its 95 % credible interval, 28 seeds of the leader, 2 of the baseline,
+        paired sd 0.108)``."""
+        head = f"a gain of {self.gain_pct:.2f} % ({self.gain:.3f} nats) or more ({100 * POWER:.0f} % power"
+        if self.baseline_n is not None:
+            return (f"{head} of its {100 * (1 - self.alpha):.0f} % credible interval, {_count(self.n, 'seed')} of "
+                    f"the leader, {self.baseline_n} of the baseline, paired sd {self.sd:.3f})")
+        return f"{head}, {_count(self.n, 'paired seed')}, paired sd {self.sd:.3f})"
 
     def needs_text(self) -> str:
         """``a 1 % gain needs 166 paired seeds per shape, a 0.5 % gain 650``."""
         (first, n_first), *rest = self.seeds_needed.items()
         more = "".join(f", a {100 * share:g} % gain {_seeds(n)}" for share, n in rest)
         return f"a {100 * first:g} % gain needs {_seeds(n_first)} per shape{more}"
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'s' if n != 1 else ''}"
 
 
 def _seeds(n: int | None) -> str:
@@ -104,3 +129,17 @@ def resolution(sd: float | None, pooled_df: int, n: int, alpha: float, baseline_
     df = n - 1 if n >= 2 else pooled_df
     return Resolution(n, sd, df, alpha, baseline_loss, detectable_gain(sd, n, alpha, df),
                       {share: seeds_needed(share * baseline_loss, sd, alpha) for share in TARGET_SHARES})
+
+
+def posterior_resolution(design: GainDesign | None, n: int, baseline_n: int, alpha: float,
+                         baseline_loss: float) -> Resolution | None:
+    """The ``Resolution`` of a shrunk gain's credible interval (module docstring) for a leader with ``n`` seeds and a
+    baseline with ``baseline_n``; the seeds a 1 % and a 0.5 % gain need are a paired t-test's at the model's paired
+    sd ``sqrt(2 s2)``. None without a design or when the shrinkage keeps nothing of a gain."""
+    if design is None or design.g <= 0 or baseline_loss <= 0:
+        return None
+    z = stats.norm.ppf(1 - alpha / 2)
+    gain = (z * math.sqrt(design.s2 * design.q) + stats.norm.ppf(POWER) * math.sqrt(design.s2 * design.c2)) / design.g
+    sd = math.sqrt(2 * design.s2)
+    return Resolution(n, sd, 0, alpha, baseline_loss, float(gain),
+                      {share: seeds_needed(share * baseline_loss, sd, alpha) for share in TARGET_SHARES}, baseline_n)

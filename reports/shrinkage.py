@@ -346,6 +346,43 @@ def fit(scores: dict[str, ShapeScores], min_tau_ratio: float = 0.0, plug_in: boo
     return Fit(keys, m, prior, components)
 
 
+@dataclass(frozen=True)
+class GainDesign:
+    """How the plug-in posterior estimates one shape's gain over the baseline, ``theta = m_key - m_base``.
+
+    At a fixed ``lambda`` the posterior mean is linear in the scores, ``theta_hat = c'y`` with ``c = W C^-1 e``
+    (``W = [Z X]``, ``C`` the mixed-model equations' matrix, ``e`` = +1 at the shape, -1 at the baseline, 0 on the
+    seeds). With ``v = C^-1 e`` (its shape block: ``Cov(m) e / s2``) and ``W'W = C - diag(lambda, 0)``::
+
+        Var(theta | data) = s2 q,          q = v_key - v_base
+        E[theta_hat] = -g delta,           g = 1 - lambda v_key   (a true gain delta, every other shape level with
+                                                                   the baseline: the share the shrinkage keeps)
+        Var(theta_hat) = s2 c2,            c2 = ||c||^2 = q - lambda ||v||^2
+
+    ``reports.resolution.posterior_resolution`` turns them into the gain its credible interval detects."""
+
+    s2: float
+    lam: float
+    q: float
+    g: float
+    c2: float
+
+
+def gain_design(scores: dict[str, ShapeScores], key: str, baseline_key: str) -> GainDesign | None:
+    """``key``'s ``GainDesign`` at the REML estimate (``fit(plug_in=True)``); None while nothing is shrunk."""
+    model = fit(scores, plug_in=True)
+    if model is None or not model.components or key not in scores or baseline_key not in scores:
+        return None
+    c = max(model.components, key=lambda c: c.weight)
+    k, b = model.keys.index(key), model.keys.index(baseline_key)
+    e = np.zeros(len(model.keys))
+    e[k], e[b] = 1.0, -1.0
+    v = e / c.sol.d + c.sol.r @ (c.sol.inverse @ (c.sol.r.T @ e))  # (S,): Cov(m) e / s2
+    lam = math.exp(c.log_lam)
+    q = float(v[k] - v[b])
+    return GainDesign(c.s2, lam, q, float(1 - lam * v[k]), max(0.0, q - lam * float(v @ v)))
+
+
 def shrunk_gains(scores: dict[str, ShapeScores],
                  baseline_key: str | None) -> tuple[dict[str, ShrunkGain], Prior | None]:
     """Every shape's ``ShrunkGain`` (the baseline's is 0 by definition) and the variance components used."""

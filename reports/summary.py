@@ -40,8 +40,8 @@ from nas.arch import ArchConfig
 from nas.study.adaptive import ADAPTIVE_ROLES, AdaptiveState, adaptive_state
 from nas.study.race import RACE_ROLES, RaceState, race_state
 from reports.frame import StudyData, outcome_counts
-from reports.resolution import Resolution, resolution
-from reports.shrinkage import Z, rank_shapes
+from reports.resolution import Resolution, posterior_resolution, resolution
+from reports.shrinkage import Z, gain_design, rank_shapes
 from reports.statistics import ALPHA, PairedGain, paired_gain, pooled_paired_sd, tied_set
 
 SELECTING_ROLES = ("member", "sampled")  # the first-pass trials by which a shape entered the top of the board
@@ -134,6 +134,9 @@ def study_resolution(data: StudyData, best: str | None) -> Resolution | None:
         (key for key in data.board["key"] if key != data.baseline_key), None)
     if leader is None:
         return None
+    if adaptive_of(data) is not None:  # the test is the shrunk gain's credible interval
+        return posterior_resolution(gain_design(data.scores, leader, data.baseline_key), data.scores[leader].n,
+                                    data.scores[data.baseline_key].n, ALPHA, data.scores[data.baseline_key].mean)
     gain = honest_gain(data, leader)
     sd, df = pooled_paired_sd(data.scores, data.baseline_key)
     return resolution(sd, df, gain.n if gain else 0, interval_alpha(data, leader),
