@@ -46,7 +46,7 @@ pytestmark = pytest.mark.slow
 
 KILLS = {"survived": 0}
 POINTS = ("training", "final evaluation", "result write", "anytime")
-TRIALS = 8  # 3 members walked, then 5 race trials
+TRIALS = 8  # 3 members walked, then 5 adaptive replicate trials
 SEARCH = ["search", *SPACE3, *TINY, "--trials", str(TRIALS), "--heartbeat", "1", "--threads", "1"]
 
 FAULTY_NAS = r"""

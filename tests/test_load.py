@@ -6,8 +6,9 @@ CI runs it for ``NAS_LOAD_TEST_S`` seconds (default 25); by hand, a longer run:
     NAS_LOAD_TEST_S=1800 python -m pytest -q -s -n 0 tests/test_load.py
 
 prints its figures (trials per minute, reads) on the last line; the README quotes a 30-minute run.
-Study A walks the 5 members of a tiny six-layer Prism space and then races them for as long as the
-test lasts (100,000 trials asked): four workers share one race round by round. Study B, in the same
+Study A walks the 5 members of a tiny six-layer Prism space and then spends adaptive replicates on them
+(the default) for as long as the test lasts (100,000 trials asked): four workers share one plan, recomputed
+from the storage at every call. Study B, in the same
 file, is a one-worker search of another space. Both are stopped with SIGINT at the end, as a user
 would stop them, and must exit 130 with their running trials re-queued.
 """

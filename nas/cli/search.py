@@ -77,12 +77,13 @@ def search(
                                                    show_default=False)] = None,
     compile: Annotated[bool | None, typer.Option("--compile/--no-compile", help="torch.compile each trial.",
                                                     show_default=False)] = None,
-    replicates: Annotated[Replicates, typer.Option("--replicates", help="After an exhaustive walk: race (the "
-                                                   "best shapes race the baseline on common seeds, the worse "
-                                                   "dropped), fixed (seeds for --replicate-top shapes) or adaptive "
-                                                   "(top-two Thompson sampling on the shrunk posterior: each seed "
-                                                   "goes to the shape most likely to change the pick).")]
-    = Replicates.race,
+    replicates: Annotated[Replicates, typer.Option("--replicates", help="After an exhaustive walk: adaptive "
+                                                   "(the knowledge gradient on the shrunk posterior: each seed goes "
+                                                   "to the shape whose next score is expected to improve the pick "
+                                                   "most), race (the best shapes race the baseline on common "
+                                                   "seeds, the worse dropped) or fixed (seeds for --replicate-top "
+                                                   "shapes).")]
+    = Replicates.adaptive,
     race_size: Annotated[int, typer.Option("--race-size", help="race: how many of the first pass's best shapes "
                                            "race the baseline.")] = 8,
     replicate_top: Annotated[int, typer.Option("--replicate-top", help="fixed: seed replicates go to the "

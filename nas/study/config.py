@@ -44,9 +44,9 @@ class SearchConfig:
     pruner: str = "auto"
     objectives: tuple[str, ...] = ("loss",)
     workers: int | str = 1  # a count, or "auto" (nas.study.placement.resolve_workers)
-    # after an exhaustive walk: race (racing replicates), adaptive (top-two Thompson sampling, nas.study.adaptive)
+    # after an exhaustive walk: adaptive (the knowledge gradient, nas.study.adaptive), race (racing replicates)
     # or fixed (replicate_top's seeds); figure 10 compares them
-    replicates: str = "race"
+    replicates: str = "adaptive"
     race_size: int = 8  # race: the first pass's best shapes that race the baseline
     replicate_top: int = 4  # fixed: shapes besides the baseline that get seed replicates after an exhaustive walk
     heartbeat_interval: int = 10

@@ -1,8 +1,11 @@
-"""Planning the next trial of a small space: the exhaustive walk, then a race (or adaptive or fixed replicates).
+"""Planning the next trial of a small space: the exhaustive walk, then adaptive replicates (or a race, or fixed).
 
 A space with no more members than ``--trials`` is walked exhaustively, in its order, on the base
-seed (the first pass). The remaining trials go, by default, to a **race** (``--replicates race``;
-as irace and F-race race algorithm configurations):
+seed (the first pass). The remaining trials go, by default, to **adaptive replicates**
+(``--replicates adaptive``): the knowledge gradient on the study's shrunk posterior
+(``nas.study.adaptive``; recomputed from the storage at every call, like the race). Figure 10
+(``benchmarks/ranking_simulation.py``) measured it against the others on known truths. With
+``--replicates race`` they go to a **race** (as irace and F-race race algorithm configurations):
 
 - the candidates are the baseline and the ``race_size`` best members of the first pass;
 - round ``r`` gives every candidate still in the race the seed ``base + r`` (the same seed for
@@ -18,8 +21,6 @@ as irace and F-race race algorithm configurations):
 The plan is recomputed from the storage at every call, so any number of workers on any
 number of machines share one race: a (shape, seed) in flight or done is never planned again,
 and a worker whose round is taken by others goes on to the next round instead of waiting.
-``--replicates adaptive`` spends the trials by top-two Thompson sampling on the study's shrunk
-posterior instead (``nas.study.adaptive``; recomputed from the storage the same way).
 ``--replicates fixed`` keeps the earliest policy: seeds for the baseline and the ``replicate_top`` best shapes by
 seed-adjusted loss, least-replicated first. ``None`` lets the sampler propose instead (spaces
 larger than ``--trials``).
