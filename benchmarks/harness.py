@@ -290,7 +290,8 @@ def markdown(figures: list[Figure], info: dict[str, Any], command: str) -> str:
                  + (f" ({info['gpu']})" if info.get("gpu") else ""))
     lines.append(f"- versions: python {info['python']}, torch {info['torch']}, transformers "
                  f"{info['transformers']}, optuna {info['optuna']}, numpy {info['numpy']}")
-    env = " ".join(f"{k}={v}" for k, v in info["env"].items() if v is not None) or "(none)"
+    env = "`" + " ".join(f"{k}={v}" for k, v in info["env"].items() if v is not None) + "`" if any(
+        v is not None for v in info["env"].values()) else "(none)"
     lines.append(f"- environment: {env}; load average at start {info.get('load_avg_start')}, "
                  f"at end {info.get('load_avg_end')}")
     lines.append(f"- fused CPU kernels (nas/fused_cpu.c): {info.get('fused_cpu_kernels')}")
