@@ -44,8 +44,9 @@ def summary_section(data: StudyData, summary: Summary) -> Section:
     if data.skipped:
         html += ('<p class="note">Left out of every figure and number, their stored attributes being unreadable: '
                  + "; ".join(text(line) for line in data.skipped) + ".</p>")
-    return Section("summary", "Summary", "Read off the answer: the best shape against the uniform baseline "
-                   "(paired gain on common seeds, leaving out the seed that selected it), and what is tied with it.",
+    return Section("summary", "Summary", "Read off the answer: the best shape against the uniform baseline (after "
+                   "adaptive replicates its shrunk gain with a credible interval; after a race or fixed replicates "
+                   "its paired gain on common seeds, leaving out the seed that selected it), and what is tied with it.",
                    html=html)
 
 
