@@ -53,3 +53,62 @@ def test_a_signal_right_after_ask_committed_its_trial_leaves_it_interrupted_and_
     if "key" in interrupted.user_attrs:  # it had its shape (the queued baseline does): the same shape is queued again
         (retry,) = [t for t in trials if t.state == TrialState.WAITING]
         assert retry.user_attrs["key"] == interrupted.user_attrs["key"]
+
+
+def real_busy_error(tmp_path) -> optuna.exceptions.StorageInternalError:
+    """What Optuna raises when SQLite answers "database is locked": made by a real lock on a real file."""
+    import sqlite3
+
+    import sqlalchemy
+
+    path = tmp_path / "locked.db"
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("CREATE TABLE t (x)")
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        sqlite3.connect(path, timeout=0, isolation_level=None).execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError as orig:
+        try:
+            raise sqlalchemy.exc.OperationalError("BEGIN IMMEDIATE", {}, orig) from orig
+        except sqlalchemy.exc.OperationalError as wrapped:
+            error = optuna.exceptions.StorageInternalError("An exception is raised during the commit.")
+            error.__cause__ = wrapped
+            return error
+    finally:
+        holder.close()
+    raise AssertionError("SQLite did not report the lock")
+
+
+def test_marking_a_trial_interrupted_waits_out_a_busy_database_and_still_requeues_it(tmp_path, monkeypatch):
+    """The load test's failure: a worker stopped by Ctrl-C met "database is locked" while marking its trial. Busy
+    answers are retried (the session dropped first); any other storage error is not."""
+    from nas.study.recovery import mark_interrupted
+    from nas.study.storage import make_storage
+
+    storage = make_storage(sqlite_url(tmp_path / "nas.db"))
+    study = optuna.create_study(storage=storage, study_name="s")
+    trial = study.ask()
+    trial.set_user_attr("key", "shape-a")
+    trial.set_user_attr("seed", 3)
+    busy = real_busy_error(tmp_path)
+    assert "database is locked" in str(busy.__cause__)
+    original, failures = storage.set_trial_user_attr, []
+
+    def flaky(trial_id, key, value):
+        if len(failures) < 2:
+            failures.append(key)
+            raise busy
+        return original(trial_id, key, value)
+
+    monkeypatch.setattr(storage, "set_trial_user_attr", flaky)
+    mark_interrupted(study, trial)
+    trials = study.get_trials(deepcopy=False)
+    assert failures == ["status", "status"] and trials[0].state == TrialState.FAIL
+    assert trials[0].user_attrs["status"] == "interrupted"
+    assert trials[1].state == TrialState.WAITING and trials[1].user_attrs["key"] == "shape-a"
+
+    other = study.ask()
+    monkeypatch.setattr(storage, "set_trial_user_attr",
+                        lambda *a, **k: (_ for _ in ()).throw(optuna.exceptions.StorageInternalError("disk full")))
+    with pytest.raises(optuna.exceptions.StorageInternalError, match="disk full"):
+        mark_interrupted(study, other)

@@ -9,6 +9,9 @@ version these were written against, 5.x, which CI installs):
 - ``write_user_attrs``: one multi-row upsert into Optuna's own ``trial_user_attributes``
   table. ``Trial.set_user_attr`` commits one attribute per transaction (~38 commits for a
   trained trial: ~0.2 s on SQLite, 2 % of a default CPU trial; ``benchmarks`` figure 5).
+- ``drop_session``: ``Study._storage``'s thread-local SQLAlchemy session, closed so that a transaction a
+  signal cut short (``KeyboardInterrupt`` inside a storage call) cannot hold SQLite's write lock while the
+  worker marks its trial interrupted. No public API reaches the session.
 - ``unbeaten_trial_ids``: RUNNING trials that never recorded a heartbeat. Optuna's public
   stale check (``fail_stale_trials``) skips trials without a heartbeat row, and no public API
   reads heartbeats.
@@ -34,6 +37,13 @@ def _rdb(storage: optuna.storages.BaseStorage) -> optuna.storages.RDBStorage | N
     """The ``RDBStorage`` behind ``storage`` (Optuna wraps one in a cache), or None for other storages."""
     backend = getattr(storage, "_backend", storage)
     return backend if isinstance(backend, optuna.storages.RDBStorage) else None
+
+
+def drop_session(study: optuna.Study) -> None:
+    """Close the calling thread's storage session (rolling back whatever it left open); a no-op off an RDB."""
+    rdb = _rdb(study._storage)
+    if rdb is not None:
+        rdb.scoped_session.remove()
 
 
 def write_user_attrs(storage: optuna.storages.BaseStorage, trial_id: int, attrs: dict[str, Any]) -> bool:

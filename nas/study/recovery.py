@@ -6,13 +6,16 @@ A re-queued trial is a new WAITING trial with the same shape key, seed and role;
 
 from __future__ import annotations
 
+import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import optuna
+import sqlalchemy
 from optuna.trial import FrozenTrial, TrialState
 
-from nas.study.optuna_internals import unbeaten_trial_ids
+from nas.study.optuna_internals import drop_session, unbeaten_trial_ids
 
 ABANDONED_AFTER_S = 120.0  # a RUNNING trial this old that never beat was abandoned (worker died right after ask)
 
@@ -52,15 +55,49 @@ def requeue(study: optuna.Study, number: int) -> None:
 
 def mark_interrupted(study: optuna.Study, trial: optuna.Trial,
                      reason: str = "interrupted by the user (Ctrl-C); re-queued") -> None:
-    """Fail the trial as interrupted and re-queue its shape and seed (a trial told just before Ctrl-C stays as told)."""
-    try:
+    """Fail the trial as interrupted and re-queue its shape and seed (a trial told just before Ctrl-C stays as told).
+
+    Each step is retried while SQLite answers "database is locked" (``BUSY_ATTEMPTS``): a signal that cut a storage
+    call short can leave that call's transaction open, so the session is dropped before each try."""
+
+    def fail() -> None:
         trial.set_user_attr("status", "interrupted")
         trial.set_user_attr("reason", reason)
         study.tell(trial, state=TrialState.FAIL)
+
+    try:
+        _while_busy(study, fail)
     except optuna.exceptions.UpdateFinishedTrialError:
         return
     if "key" in study.get_trials(deepcopy=False)[trial.number].user_attrs:  # its shape was recorded: retry it
-        requeue(study, trial.number)
+        _while_busy(study, lambda: requeue(study, trial.number))
+
+
+BUSY_ATTEMPTS = 5
+
+
+def _while_busy(study: optuna.Study, step: Callable[[], None]) -> None:
+    """``step()``, tried again up to ``BUSY_ATTEMPTS`` times while the storage reports SQLite's busy lock."""
+    for attempt in range(1, BUSY_ATTEMPTS + 1):
+        drop_session(study)
+        try:
+            step()
+            return
+        except (optuna.exceptions.StorageInternalError, sqlalchemy.exc.OperationalError) as error:
+            if attempt == BUSY_ATTEMPTS or not _busy(error):
+                raise
+            time.sleep(0.2 * attempt)
+
+
+def _busy(error: BaseException | None) -> bool:
+    """Whether SQLite's "database is locked" is anywhere in ``error``'s chain of causes."""
+    for _ in range(16):  # a chain is a few links long; the bound guards against a cycle
+        if error is None:
+            return False
+        if "database is locked" in str(error):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def replace_user_attrs(trial: FrozenTrial, user_attrs: dict[str, Any]) -> FrozenTrial:
