@@ -21,7 +21,7 @@ After adaptive replicates the sentence's test is the pick's 95 % *credible* inte
 gain (``reports.shrinkage``), not a t interval on its paired seeds (the shape model reads every
 seed of every shape, so the baseline needs no seed in common with the pick). Its estimate is linear in
 the scores at the REML ``lambda``, ``theta_hat ~ N(-g delta, s2 c2)`` at a true gain ``delta`` (every
-other shape level with the baseline; ``reports.shrinkage.GainDesign``), with posterior sd ``sqrt(s2 q)``,
+other shape level with the baseline; ``GainDesign``), with posterior sd ``sqrt(s2 q)``,
 so its power and minimum detectable gain are::
 
     power(delta) = Phi((g delta - z_{1-alpha/2} sqrt(s2 q)) / sqrt(s2 c2))
@@ -36,9 +36,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 from scipy import optimize, stats
 
-from reports.shrinkage import GainDesign
+from nas.study.records import ShapeScores
+from reports.shrinkage import fit
 
 POWER = 0.8
 TARGET_SHARES = (0.01, 0.005)  # the gains (as shares of the baseline's loss) whose seed counts every answer gives
@@ -129,6 +131,43 @@ def resolution(sd: float | None, pooled_df: int, n: int, alpha: float, baseline_
     df = n - 1 if n >= 2 else pooled_df
     return Resolution(n, sd, df, alpha, baseline_loss, detectable_gain(sd, n, alpha, df),
                       {share: seeds_needed(share * baseline_loss, sd, alpha) for share in TARGET_SHARES})
+
+
+@dataclass(frozen=True)
+class GainDesign:
+    """How the plug-in posterior estimates one shape's gain over the baseline, ``theta = m_key - m_base``.
+
+    At a fixed ``lambda`` the posterior mean is linear in the scores, ``theta_hat = c'y`` with ``c = W C^-1 e``
+    (``W = [Z X]``, ``C`` the mixed-model equations' matrix, ``e`` = +1 at the shape, -1 at the baseline, 0 on the
+    seeds). With ``v = C^-1 e`` (its shape block: ``Cov(m) e / s2``) and ``W'W = C - diag(lambda, 0)``::
+
+        Var(theta | data) = s2 q,          q = v_key - v_base
+        E[theta_hat] = -g delta,           g = 1 - lambda v_key   (a true gain delta, every other shape level with
+                                                                   the baseline: the share the shrinkage keeps)
+        Var(theta_hat) = s2 c2,            c2 = ||c||^2 = q - lambda ||v||^2
+
+    ``reports.resolution.posterior_resolution`` turns them into the gain its credible interval detects."""
+
+    s2: float
+    lam: float
+    q: float
+    g: float
+    c2: float
+
+
+def gain_design(scores: dict[str, ShapeScores], key: str, baseline_key: str) -> GainDesign | None:
+    """``key``'s ``GainDesign`` at the REML estimate (``fit(plug_in=True)``); None while nothing is shrunk."""
+    model = fit(scores, plug_in=True)
+    if model is None or not model.components or key not in scores or baseline_key not in scores:
+        return None
+    c = max(model.components, key=lambda c: c.weight)
+    k, b = model.keys.index(key), model.keys.index(baseline_key)
+    e = np.zeros(len(model.keys))
+    e[k], e[b] = 1.0, -1.0
+    v = e / c.sol.d + c.sol.r @ (c.sol.inverse @ (c.sol.r.T @ e))  # (S,): Cov(m) e / s2
+    lam = math.exp(c.log_lam)
+    q = float(v[k] - v[b])
+    return GainDesign(c.s2, lam, q, float(1 - lam * v[k]), max(0.0, q - lam * float(v @ v)))
 
 
 def posterior_resolution(design: GainDesign | None, n: int, baseline_n: int, alpha: float,

@@ -19,8 +19,8 @@ Given ``lambda = s2 / tau^2``, the posterior mean of ``(m, u)`` solves the mixed
     [X'Z             X'X] [u] = [X'y]        posterior covariance s2 * (that matrix)^-1
 
 where ``Z`` and ``X`` mark each score's shape and seed. ``Z'Z`` is diagonal, so ``m`` is eliminated
-(a Schur complement over the few seeds): a study of a thousand shapes solves in milliseconds; a study
-with more seeds than shapes eliminates the seeds instead (``X'X`` is diagonal too). In
+(a Schur complement over the few seeds; ``reports.mixed_model``): a study of a thousand shapes solves in
+milliseconds; a study with more seeds than shapes eliminates the seeds instead (``X'X`` is diagonal too). In
 words: a shape with ``n`` seeds keeps about ``B = tau^2 / (tau^2 + s2 / n)`` of its own lead (at the
 default proxy's noise, about a quarter for one seed and three quarters for nine), the seed effects are
 read off every shape trained on a seed (not off the baseline's one run there), and the baseline is
@@ -47,11 +47,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import NamedTuple
 
 import numpy as np
 
 from nas.study.records import ShapeScores, mean_by_seed, seed_adjusted_means
+from reports.mixed_model import Likelihood, Solution, design_sums, solve
 from reports.statistics import ALPHA
 
 Z = NormalDist().inv_cdf(1 - ALPHA / 2)
@@ -110,18 +110,6 @@ class Ranking:
     prior: Prior | None
 
 
-class _Solution(NamedTuple):
-    """One solve; the shape levels' posterior covariance is ``s2 (diag(1 / d) + r inverse r')`` in both forms."""
-
-    m: np.ndarray  # (S,) shape levels
-    u: np.ndarray  # (I,) seed effects
-    d: np.ndarray  # (S,) Z'Z + lam (diagonal); inf when the seeds were eliminated instead
-    r: np.ndarray  # (S, I) D^-1 Z'X (the last column dropped when lam = 0); (S, S) identity when seeds eliminated
-    inverse: np.ndarray  # the Schur complement's inverse: (I, I) over the seeds, or (S, S) over the shapes
-    logdet: float  # log |Schur complement| = log |X' H^-1 X|, H = I + Z Z' / lam (for the REML likelihood)
-    quadratic: float  # y'y - m'Z'y - u'X'y: (n - p) s2 at this lam (Henderson)
-
-
 @dataclass(frozen=True)
 class Component:
     """One ``lambda = s2 / tau^2`` of the posterior mixture: its weight, its profiled ``s2`` and the solve there."""
@@ -129,7 +117,7 @@ class Component:
     log_lam: float
     weight: float
     s2: float
-    sol: _Solution
+    sol: Solution
 
 
 @dataclass(frozen=True)
@@ -192,111 +180,6 @@ class Fit:
         return rng.permutation(np.concatenate(out))
 
 
-class _Design(NamedTuple):
-    """The sums the mixed-model equations need, independent of ``lambda``: computed once a fit."""
-
-    counts: np.ndarray  # (S,) seeds of each shape (Z'Z)
-    zx: np.ndarray  # (S, I) runs of each shape at each seed
-    zy: np.ndarray  # (S,)
-    xy: np.ndarray  # (I,)
-    xx: np.ndarray  # (I,)
-    yy: float
-
-
-def _design(shape: np.ndarray, seed: np.ndarray, y: np.ndarray, n_shapes: int, n_seeds: int) -> _Design:
-    zx = np.zeros((n_shapes, n_seeds))
-    np.add.at(zx, (shape, seed), 1.0)
-    return _Design(np.bincount(shape, minlength=n_shapes).astype(float), zx,
-                   np.bincount(shape, weights=y, minlength=n_shapes), np.bincount(seed, weights=y, minlength=n_seeds),
-                   np.bincount(seed, minlength=n_seeds).astype(float), float(y @ y))
-
-
-def _normal_equations(design: _Design, lam: float) -> _Solution:
-    """``m`` and ``u`` of the mixed-model equations (module docstring) with ridge ``lam`` on ``m`` (0: the
-    fixed-effects fit, its last seed effect pinned to 0), and what variances and the likelihood need: ``D``
-    (Z'Z + lam, diagonal), ``R = D^-1 Z'X``, the Schur complement's inverse and log-determinant."""
-    counts, zx, zy, xy, xx, yy = design
-    if lam > 0 and len(xx) > len(counts):
-        return _eliminate_seeds(design, lam)
-    d = counts + lam  # (S,)
-    r = zx / d[:, None]  # (S, I)
-    schur = np.diag(xx) - zx.T @ r  # (I, I)
-    rhs = xy - r.T @ zy  # (I,)
-    if lam == 0:  # shape and seed effects are identified up to one shared constant: pin the last seed's
-        schur, rhs = schur[:-1, :-1], rhs[:-1]
-        inverse, logdet = np.linalg.pinv(schur), 0.0
-    else:  # positive definite: every seed has a run and D_s > Z'Z
-        inverse, logdet = np.linalg.inv(schur), float(np.linalg.slogdet(schur)[1])
-    u = inverse @ rhs
-    if lam == 0:
-        u = np.append(u, 0.0)
-        r = r[:, :-1]
-    m = (zy - zx @ u) / d
-    return _Solution(m, u, d, r, inverse, logdet, float(yy - m @ zy - u @ xy))
-
-
-def _eliminate_seeds(design: _Design, lam: float) -> _Solution:
-    """``_normal_equations`` for a study with more seeds than shapes (a long race or confirm phase, a small space
-    replicated for hours): the seed effects are eliminated instead, as ``X'X`` is diagonal too, so the work is
-    ``O(S^3)`` instead of ``O(I^3)``::
-
-        (D - Z'X (X'X)^-1 X'Z) m = Z'y - Z'X (X'X)^-1 X'y,      u = (X'X)^-1 (X'y - X'Z m)
-
-    with the shape levels' posterior covariance ``s2`` times that ``(S, S)`` matrix's inverse, and the REML
-    likelihood's ``log |X' H^-1 X|`` from the block determinant ``|D| |S_seeds| = |X'X| |S_shapes|``."""
-    counts, zx, zy, xy, xx, yy = design
-    d = counts + lam  # (S,)
-    w = zx / xx[None, :]  # (S, I): Z'X (X'X)^-1
-    schur = np.diag(d) - w @ zx.T  # (S, S)
-    inverse = np.linalg.inv(schur)
-    m = inverse @ (zy - w @ xy)  # (S,)
-    u = (xy - zx.T @ m) / xx  # (I,)
-    logdet = float(np.linalg.slogdet(schur)[1] + np.sum(np.log(xx)) - np.sum(np.log(d)))
-    return _Solution(m, u, np.full(len(d), np.inf), np.eye(len(d)), inverse, logdet, float(yy - m @ zy - u @ xy))
-
-
-class _Likelihood:
-    """The REML deviance of ``lambda = s2 / tau^2`` for one study's scores (Patterson and Thompson 1971), the seed
-    effects fixed::
-
-        -2 l_R(lam) = (n - p) log(q(lam) / (n - p)) + sum_s log(1 + n_s / lam) + log |X' H^-1 X|,
-        lam = s2 / tau^2,  s2 = q(lam) / (n - p),  H = I + Z Z' / lam,  p = the number of seeds,
-
-    ``q`` the quadratic of Henderson's equations at ``lam`` (constants dropped). A likelihood, unlike the moment
-    estimate from the fixed-effects fit, is not biased by the adaptive choice of which shapes get more seeds (a
-    choice made on observed scores is ignorable for the likelihood); the moment estimate's ``s2`` is inflated by
-    the selected seed of every shape that was replicated because it was lucky, and so it over-shrinks."""
-
-    def __init__(self, shape: np.ndarray, seed: np.ndarray, y: np.ndarray, n_shapes: int, n_seeds: int) -> None:
-        self.design = _design(shape, seed, y, n_shapes, n_seeds)
-        self.df = len(y) - n_seeds  # n - p
-
-    def at(self, log_lam: float) -> tuple[float, float, _Solution]:
-        """``(deviance, profiled s2, the solve)`` at ``log lambda``."""
-        lam = math.exp(log_lam)
-        sol = _normal_equations(self.design, lam)
-        q = max(sol.quadratic, 1e-300)
-        deviance = self.df * math.log(q / self.df) + float(np.sum(np.log1p(self.design.counts / lam))) + sol.logdet
-        return deviance, q / self.df, sol
-
-    def mode(self, grid: np.ndarray, deviances: np.ndarray) -> float:
-        """The REML estimate of ``log lambda``: the grid's best point refined by golden section; the grid's upper
-        end when the likelihood is flattest there (no spread: ``tau^2 = 0``)."""
-        i = int(np.argmin(deviances))
-        low, high = grid[max(0, i - 1)], grid[min(len(grid) - 1, i + 1)]
-        golden = (math.sqrt(5) - 1) / 2
-        a, b = high - golden * (high - low), low + golden * (high - low)
-        fa, fb = self.at(a)[0], self.at(b)[0]
-        for _ in range(12):
-            if fa < fb:
-                high, b, fb = b, a, fa
-                a = high - golden * (high - low)
-                fa = self.at(a)[0]
-            else:
-                low, a, fa = a, b, fb
-                b = low + golden * (high - low)
-                fb = self.at(b)[0]
-        return (low + high) / 2
 
 
 def fit(scores: dict[str, ShapeScores], min_tau_ratio: float = 0.0, plug_in: bool = False) -> Fit | None:
@@ -319,9 +202,9 @@ def fit(scores: dict[str, ShapeScores], min_tau_ratio: float = 0.0, plug_in: boo
     shape, seed, y = shape.astype(int), seed.astype(int), y.astype(float)
     df = len(y) - len(keys) - len(seeds) + 1
     if df <= 0 or len(keys) < 3:
-        fixed = _normal_equations(_design(shape, seed, y, len(keys), len(seeds)), 0.0)
+        fixed = solve(design_sums(shape, seed, y, len(keys), len(seeds)), 0.0)
         return Fit(keys, fixed.m, Prior(0.0, None, len(keys)))
-    likelihood = _Likelihood(shape, seed, y, len(keys), len(seeds))
+    likelihood = Likelihood(shape, seed, y, len(keys), len(seeds))
     cap = -2 * math.log(min_tau_ratio) if min_tau_ratio > 0 else math.inf  # tau >= r sigma <=> log lam <= -2 log r
     grid = LOG_LAMBDA_GRID[LOG_LAMBDA_GRID <= cap]
     if len(grid) == 0 or grid[-1] < min(cap, LOG_LAMBDA_GRID[-1]):
@@ -344,43 +227,6 @@ def fit(scores: dict[str, ShapeScores], min_tau_ratio: float = 0.0, plug_in: boo
     if plug_in and not at_the_end:
         return Fit(keys, mode_sol.m, prior, (Component(log_lam, 1.0, s2_mode, mode_sol),))
     return Fit(keys, m, prior, components)
-
-
-@dataclass(frozen=True)
-class GainDesign:
-    """How the plug-in posterior estimates one shape's gain over the baseline, ``theta = m_key - m_base``.
-
-    At a fixed ``lambda`` the posterior mean is linear in the scores, ``theta_hat = c'y`` with ``c = W C^-1 e``
-    (``W = [Z X]``, ``C`` the mixed-model equations' matrix, ``e`` = +1 at the shape, -1 at the baseline, 0 on the
-    seeds). With ``v = C^-1 e`` (its shape block: ``Cov(m) e / s2``) and ``W'W = C - diag(lambda, 0)``::
-
-        Var(theta | data) = s2 q,          q = v_key - v_base
-        E[theta_hat] = -g delta,           g = 1 - lambda v_key   (a true gain delta, every other shape level with
-                                                                   the baseline: the share the shrinkage keeps)
-        Var(theta_hat) = s2 c2,            c2 = ||c||^2 = q - lambda ||v||^2
-
-    ``reports.resolution.posterior_resolution`` turns them into the gain its credible interval detects."""
-
-    s2: float
-    lam: float
-    q: float
-    g: float
-    c2: float
-
-
-def gain_design(scores: dict[str, ShapeScores], key: str, baseline_key: str) -> GainDesign | None:
-    """``key``'s ``GainDesign`` at the REML estimate (``fit(plug_in=True)``); None while nothing is shrunk."""
-    model = fit(scores, plug_in=True)
-    if model is None or not model.components or key not in scores or baseline_key not in scores:
-        return None
-    c = max(model.components, key=lambda c: c.weight)
-    k, b = model.keys.index(key), model.keys.index(baseline_key)
-    e = np.zeros(len(model.keys))
-    e[k], e[b] = 1.0, -1.0
-    v = e / c.sol.d + c.sol.r @ (c.sol.inverse @ (c.sol.r.T @ e))  # (S,): Cov(m) e / s2
-    lam = math.exp(c.log_lam)
-    q = float(v[k] - v[b])
-    return GainDesign(c.s2, lam, q, float(1 - lam * v[k]), max(0.0, q - lam * float(v @ v)))
 
 
 def shrunk_gains(scores: dict[str, ShapeScores],

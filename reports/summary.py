@@ -40,8 +40,8 @@ from nas.arch import ArchConfig
 from nas.study.adaptive import ADAPTIVE_ROLES, AdaptiveState, adaptive_state
 from nas.study.race import RACE_ROLES, RaceState, race_state
 from reports.frame import StudyData, outcome_counts
-from reports.resolution import Resolution, posterior_resolution, resolution
-from reports.shrinkage import Z, gain_design, rank_shapes
+from reports.resolution import Resolution, gain_design, posterior_resolution, resolution
+from reports.shrinkage import Z, rank_shapes
 from reports.statistics import ALPHA, PairedGain, paired_gain, pooled_paired_sd, tied_set
 
 SELECTING_ROLES = ("member", "sampled")  # the first-pass trials by which a shape entered the top of the board

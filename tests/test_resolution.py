@@ -13,8 +13,8 @@ from scipy import stats
 from nas.arch import uniform
 from nas.study.records import ShapeScores, shape_attrs
 from reports.frame import read_study
-from reports.resolution import detectable_gain, posterior_resolution, power, seeds_needed
-from reports.shrinkage import _design, _normal_equations, gain_design
+from reports.mixed_model import design_sums, solve
+from reports.resolution import detectable_gain, gain_design, posterior_resolution, power, seeds_needed
 from reports.summary import summarise
 
 
@@ -107,7 +107,7 @@ def test_a_shrunk_gains_credible_interval_detects_its_minimum_detectable_gain_80
         hits = 0
         for _ in range(draws):
             y = 3.0 + truth + rng.normal(0, 0.3, 12)[seed] + rng.normal(0, math.sqrt(design.s2), len(y0))
-            sol = _normal_equations(_design(shape, seed, y, len(keys), 12), design.lam)
+            sol = solve(design_sums(shape, seed, y, len(keys), 12), design.lam)
             hits += -(sol.m[lead] - sol.m[base]) - half > 0
         return hits / draws
 

@@ -1,0 +1,139 @@
+"""The two-way mixed model behind the shrunk ranking (``reports.shrinkage``): its sums, its solve, its likelihood.
+
+Every score of a study is ``L_s,i = m_s + u_i + e_s,i`` (shape level, seed effect, run noise). Given ``lambda =
+s2 / tau^2`` Henderson's mixed-model equations::
+
+    [Z'Z + lambda I   Z'X] [m]   [Z'y]
+    [X'Z             X'X] [u] = [X'y]        posterior covariance s2 * (that matrix)^-1
+
+are solved by eliminating whichever block is smaller (both ``Z'Z`` and ``X'X`` are diagonal): the shape
+levels when shapes outnumber seeds (``solve``), the seed effects otherwise (``eliminate_seeds``).
+``Likelihood`` is the REML deviance of ``lambda`` (Patterson and Thompson 1971) built on the same solve.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+
+class Solution(NamedTuple):
+    """One solve; the shape levels' posterior covariance is ``s2 (diag(1 / d) + r inverse r')`` in both forms."""
+
+    m: np.ndarray  # (S,) shape levels
+    u: np.ndarray  # (I,) seed effects
+    d: np.ndarray  # (S,) Z'Z + lam (diagonal); inf when the seeds were eliminated instead
+    r: np.ndarray  # (S, I) D^-1 Z'X (the last column dropped when lam = 0); (S, S) identity when seeds eliminated
+    inverse: np.ndarray  # the Schur complement's inverse: (I, I) over the seeds, or (S, S) over the shapes
+    logdet: float  # log |Schur complement| = log |X' H^-1 X|, H = I + Z Z' / lam (for the REML likelihood)
+    quadratic: float  # y'y - m'Z'y - u'X'y: (n - p) s2 at this lam (Henderson)
+
+
+
+class Design(NamedTuple):
+    """The sums the mixed-model equations need, independent of ``lambda``: computed once a fit."""
+
+    counts: np.ndarray  # (S,) seeds of each shape (Z'Z)
+    zx: np.ndarray  # (S, I) runs of each shape at each seed
+    zy: np.ndarray  # (S,)
+    xy: np.ndarray  # (I,)
+    xx: np.ndarray  # (I,)
+    yy: float
+
+
+def design_sums(shape: np.ndarray, seed: np.ndarray, y: np.ndarray, n_shapes: int, n_seeds: int) -> Design:
+    zx = np.zeros((n_shapes, n_seeds))
+    np.add.at(zx, (shape, seed), 1.0)
+    return Design(np.bincount(shape, minlength=n_shapes).astype(float), zx,
+                   np.bincount(shape, weights=y, minlength=n_shapes), np.bincount(seed, weights=y, minlength=n_seeds),
+                   np.bincount(seed, minlength=n_seeds).astype(float), float(y @ y))
+
+
+def solve(design: Design, lam: float) -> Solution:
+    """``m`` and ``u`` of the mixed-model equations (module docstring) with ridge ``lam`` on ``m`` (0: the
+    fixed-effects fit, its last seed effect pinned to 0), and what variances and the likelihood need: ``D``
+    (Z'Z + lam, diagonal), ``R = D^-1 Z'X``, the Schur complement's inverse and log-determinant."""
+    counts, zx, zy, xy, xx, yy = design
+    if lam > 0 and len(xx) > len(counts):
+        return eliminate_seeds(design, lam)
+    d = counts + lam  # (S,)
+    r = zx / d[:, None]  # (S, I)
+    schur = np.diag(xx) - zx.T @ r  # (I, I)
+    rhs = xy - r.T @ zy  # (I,)
+    if lam == 0:  # shape and seed effects are identified up to one shared constant: pin the last seed's
+        schur, rhs = schur[:-1, :-1], rhs[:-1]
+        inverse, logdet = np.linalg.pinv(schur), 0.0
+    else:  # positive definite: every seed has a run and D_s > Z'Z
+        inverse, logdet = np.linalg.inv(schur), float(np.linalg.slogdet(schur)[1])
+    u = inverse @ rhs
+    if lam == 0:
+        u = np.append(u, 0.0)
+        r = r[:, :-1]
+    m = (zy - zx @ u) / d
+    return Solution(m, u, d, r, inverse, logdet, float(yy - m @ zy - u @ xy))
+
+
+def eliminate_seeds(design: Design, lam: float) -> Solution:
+    """``solve`` for a study with more seeds than shapes (a long race or confirm phase, a small space
+    replicated for hours): the seed effects are eliminated instead, as ``X'X`` is diagonal too, so the work is
+    ``O(S^3)`` instead of ``O(I^3)``::
+
+        (D - Z'X (X'X)^-1 X'Z) m = Z'y - Z'X (X'X)^-1 X'y,      u = (X'X)^-1 (X'y - X'Z m)
+
+    with the shape levels' posterior covariance ``s2`` times that ``(S, S)`` matrix's inverse, and the REML
+    likelihood's ``log |X' H^-1 X|`` from the block determinant ``|D| |S_seeds| = |X'X| |S_shapes|``."""
+    counts, zx, zy, xy, xx, yy = design
+    d = counts + lam  # (S,)
+    w = zx / xx[None, :]  # (S, I): Z'X (X'X)^-1
+    schur = np.diag(d) - w @ zx.T  # (S, S)
+    inverse = np.linalg.inv(schur)
+    m = inverse @ (zy - w @ xy)  # (S,)
+    u = (xy - zx.T @ m) / xx  # (I,)
+    logdet = float(np.linalg.slogdet(schur)[1] + np.sum(np.log(xx)) - np.sum(np.log(d)))
+    return Solution(m, u, np.full(len(d), np.inf), np.eye(len(d)), inverse, logdet, float(yy - m @ zy - u @ xy))
+
+
+class Likelihood:
+    """The REML deviance of ``lambda = s2 / tau^2`` for one study's scores (Patterson and Thompson 1971), the seed
+    effects fixed::
+
+        -2 l_R(lam) = (n - p) log(q(lam) / (n - p)) + sum_s log(1 + n_s / lam) + log |X' H^-1 X|,
+        lam = s2 / tau^2,  s2 = q(lam) / (n - p),  H = I + Z Z' / lam,  p = the number of seeds,
+
+    ``q`` the quadratic of Henderson's equations at ``lam`` (constants dropped). A likelihood, unlike the moment
+    estimate from the fixed-effects fit, is not biased by the adaptive choice of which shapes get more seeds (a
+    choice made on observed scores is ignorable for the likelihood); the moment estimate's ``s2`` is inflated by
+    the selected seed of every shape that was replicated because it was lucky, and so it over-shrinks."""
+
+    def __init__(self, shape: np.ndarray, seed: np.ndarray, y: np.ndarray, n_shapes: int, n_seeds: int) -> None:
+        self.design = design_sums(shape, seed, y, n_shapes, n_seeds)
+        self.df = len(y) - n_seeds  # n - p
+
+    def at(self, log_lam: float) -> tuple[float, float, Solution]:
+        """``(deviance, profiled s2, the solve)`` at ``log lambda``."""
+        lam = math.exp(log_lam)
+        sol = solve(self.design, lam)
+        q = max(sol.quadratic, 1e-300)
+        deviance = self.df * math.log(q / self.df) + float(np.sum(np.log1p(self.design.counts / lam))) + sol.logdet
+        return deviance, q / self.df, sol
+
+    def mode(self, grid: np.ndarray, deviances: np.ndarray) -> float:
+        """The REML estimate of ``log lambda``: the grid's best point refined by golden section; the grid's upper
+        end when the likelihood is flattest there (no spread: ``tau^2 = 0``)."""
+        i = int(np.argmin(deviances))
+        low, high = grid[max(0, i - 1)], grid[min(len(grid) - 1, i + 1)]
+        golden = (math.sqrt(5) - 1) / 2
+        a, b = high - golden * (high - low), low + golden * (high - low)
+        fa, fb = self.at(a)[0], self.at(b)[0]
+        for _ in range(12):
+            if fa < fb:
+                high, b, fb = b, a, fa
+                a = high - golden * (high - low)
+                fa = self.at(a)[0]
+            else:
+                low, a, fa = a, b, fb
+                b = low + golden * (high - low)
+                fb = self.at(b)[0]
+        return (low + high) / 2
