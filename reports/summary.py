@@ -84,10 +84,14 @@ def base_seed(data: StudyData) -> int:
     return int((data.identity.get("train") or {}).get("seed", 0))
 
 
+def allocated_adaptively(data: StudyData) -> bool:
+    """Whether the study spent replicates adaptively (``nas.study.adaptive``) and has its baseline."""
+    return data.baseline_key in data.scores and any(t.user_attrs.get("role") in ADAPTIVE_ROLES for t in data.trials)
+
+
 def adaptive_of(data: StudyData) -> AdaptiveState | None:
     """The adaptive allocation's state (``nas.study.adaptive``) when the study allocated adaptively, else None."""
-    if data.baseline_key not in data.scores or not any(t.user_attrs.get("role") in ADAPTIVE_ROLES
-                                                       for t in data.trials):
+    if not allocated_adaptively(data):
         return None
     return adaptive_state(data.scores, data.baseline_key, base_seed(data))  # type: ignore[arg-type]
 
@@ -134,7 +138,7 @@ def study_resolution(data: StudyData, best: str | None) -> Resolution | None:
         (key for key in data.board["key"] if key != data.baseline_key), None)
     if leader is None:
         return None
-    if adaptive_of(data) is not None:  # the test is the shrunk gain's credible interval
+    if allocated_adaptively(data):  # the test is the shrunk gain's credible interval
         return posterior_resolution(gain_design(data.scores, leader, data.baseline_key), data.scores[leader].n,
                                     data.scores[data.baseline_key].n, ALPHA, data.scores[data.baseline_key].mean)
     gain = honest_gain(data, leader)
