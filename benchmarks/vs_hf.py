@@ -43,33 +43,21 @@ def hf_model(arch, seq_len: int):
     """An HF ``LlamaForCausalLM`` of ``arch`` (uniform heads, K = 1) with fresh weights."""
     import transformers
 
-    config = transformers.LlamaConfig(
-        vocab_size=arch.vocab_size, hidden_size=arch.d_model, intermediate_size=arch.ffn.hidden,
-        num_hidden_layers=arch.n_layers, num_attention_heads=arch.heads[0], num_key_value_heads=arch.heads[0],
-        rms_norm_eps=arch.norm_eps, rope_theta=arch.rope_theta, tie_word_embeddings=arch.tie_embeddings,
-        max_position_embeddings=max(seq_len, 128), attention_bias=False, mlp_bias=False, use_cache=False)
+    from nas.hf.mapping import llama_config_fields
+
+    config = transformers.LlamaConfig(**llama_config_fields(arch, max(seq_len, 128)), use_cache=False)
     return transformers.LlamaForCausalLM._from_config(config, attn_implementation="sdpa")
 
 
 def load_ours_into_hf(ours, hf) -> None:
-    """Copy our weights into the HF model (W_Q, W_K, W_V are row blocks of ``qkv``; gate, up of ``gate_up``)."""
+    """Copy our weights into the HF model (``nas.hf.mapping``: W_Q, W_K, W_V are row blocks of ``qkv``, gate and up
+    of ``gate_up``; the export's own mapping)."""
     import torch
 
-    state = {"model.embed_tokens.weight": ours.embed.weight, "model.norm.weight": ours.norm.weight}
-    for i, block in enumerate(ours.blocks):
-        p = f"model.layers.{i}."
-        q, k, v = block.attn.qkv.weight.chunk(3, dim=0)
-        gate, up = block.ffns[0].gate_up.weight.chunk(2, dim=0)
-        state.update({p + "self_attn.q_proj.weight": q, p + "self_attn.k_proj.weight": k,
-                      p + "self_attn.v_proj.weight": v, p + "self_attn.o_proj.weight": block.attn.out.weight,
-                      p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up,
-                      p + "mlp.down_proj.weight": block.ffns[0].down.weight,
-                      p + "input_layernorm.weight": block.attn_norm.weight,
-                      p + "post_attention_layernorm.weight": block.ffn_norms[0].weight})
-    if not ours.arch.tie_embeddings:
-        state["lm_head.weight"] = ours.lm_head.weight
+    from nas.hf.mapping import hf_state_dict
+
     with torch.no_grad():
-        hf.load_state_dict({k: v.detach().clone() for k, v in state.items()}, strict=False)
+        hf.load_state_dict(hf_state_dict(ours.state_dict(), ours.arch, "llama"), strict=False)
 
 
 def hf_loss(model, x, y):

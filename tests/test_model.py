@@ -45,30 +45,15 @@ def test_every_prism_schedule_of_a_shape_has_the_same_parameter_count() -> None:
 
 
 def _to_hf(model: Transformer):
+    """HF ``LlamaForCausalLM`` holding the model's weights, through the export's mapping (``nas.hf.mapping``)."""
     transformers = pytest.importorskip("transformers")
+    from nas.hf.mapping import hf_state_dict, llama_config_fields
+
     arch = model.arch
-    config = transformers.LlamaConfig(
-        vocab_size=arch.vocab_size, hidden_size=arch.d_model, intermediate_size=arch.ffn.hidden,
-        num_hidden_layers=arch.n_layers, num_attention_heads=arch.heads[0], num_key_value_heads=arch.heads[0],
-        rms_norm_eps=arch.norm_eps, rope_theta=arch.rope_theta, tie_word_embeddings=arch.tie_embeddings,
-        max_position_embeddings=512, attention_bias=False, mlp_bias=False)
+    config = transformers.LlamaConfig(**llama_config_fields(arch, 512))
     hf = transformers.LlamaForCausalLM._from_config(config, attn_implementation="sdpa")
-    state = {"model.embed_tokens.weight": model.embed.weight, "model.norm.weight": model.norm.weight}
-    for i, block in enumerate(model.blocks):
-        prefix = f"model.layers.{i}."
-        q, k, v = block.attn.qkv.weight.chunk(3, dim=0)
-        gate, up = block.ffns[0].gate_up.weight.chunk(2, dim=0)
-        state.update({
-            prefix + "self_attn.q_proj.weight": q, prefix + "self_attn.k_proj.weight": k,
-            prefix + "self_attn.v_proj.weight": v, prefix + "self_attn.o_proj.weight": block.attn.out.weight,
-            prefix + "mlp.gate_proj.weight": gate, prefix + "mlp.up_proj.weight": up,
-            prefix + "mlp.down_proj.weight": block.ffns[0].down.weight,
-            prefix + "input_layernorm.weight": block.attn_norm.weight,
-            prefix + "post_attention_layernorm.weight": block.ffn_norms[0].weight,
-        })
-    if not arch.tie_embeddings:
-        state["lm_head.weight"] = model.lm_head.weight
-    missing, unexpected = hf.load_state_dict({k: v.detach().clone() for k, v in state.items()}, strict=False)
+    state = hf_state_dict(model.state_dict(), arch, "llama")
+    missing, unexpected = hf.load_state_dict(state, strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}
     if arch.tie_embeddings:
         assert hf.lm_head.weight.data_ptr() == hf.model.embed_tokens.weight.data_ptr()
@@ -242,8 +227,12 @@ def _hf_decoder_layers(model: Transformer):
     transformers = pytest.importorskip("transformers")
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
+    from nas.hf.mapping import hf_state_dict
+
     arch, layers = model.arch, []
-    for i, (block, h) in enumerate(zip(model.blocks, arch.heads)):
+    # the export's Prism layout (nas.hf.mapping): a layer's names are LLaMA's, except its one sub-MLP's (mlps.0)
+    state = hf_state_dict(model.state_dict(), arch)
+    for i, h in enumerate(arch.heads):
         config = transformers.LlamaConfig(
             vocab_size=arch.vocab_size, hidden_size=arch.d_model, intermediate_size=arch.ffn.hidden,
             num_hidden_layers=arch.n_layers, num_attention_heads=h, num_key_value_heads=h,
@@ -251,17 +240,10 @@ def _hf_decoder_layers(model: Transformer):
             max_position_embeddings=512, attention_bias=False, mlp_bias=False)
         config._attn_implementation = "sdpa"  # causal when no mask is given
         layer = LlamaDecoderLayer(config, layer_idx=i)
-        q, k, v = block.attn.qkv.weight.detach().chunk(3, dim=0)
-        gate, up = block.ffns[0].gate_up.weight.detach().chunk(2, dim=0)
-        with torch.no_grad():
-            for target, source in ((layer.self_attn.q_proj.weight, q), (layer.self_attn.k_proj.weight, k),
-                                   (layer.self_attn.v_proj.weight, v), (layer.self_attn.o_proj.weight,
-                                                                         block.attn.out.weight),
-                                   (layer.mlp.gate_proj.weight, gate), (layer.mlp.up_proj.weight, up),
-                                   (layer.mlp.down_proj.weight, block.ffns[0].down.weight),
-                                   (layer.input_layernorm.weight, block.attn_norm.weight),
-                                   (layer.post_attention_layernorm.weight, block.ffn_norms[0].weight)):
-                target.copy_(source.detach())
+        prefix = f"model.layers.{i}."
+        layer.load_state_dict({name.removeprefix(prefix).replace("mlps.0.norm", "post_attention_layernorm")
+                               .replace("mlps.0.", "mlp."): tensor
+                               for name, tensor in state.items() if name.startswith(prefix)})
         layers.append((layer.train(), LlamaRotaryEmbedding(config)))
     return layers
 
