@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 TopOpt = Annotated[int, typer.Option("--top", help="How many shapes (the baseline is always shown).")]
 PlotlyJs = choices("PlotlyJs", ("inline", "cdn"))
+ExportFormat = choices("ExportFormat", ("json", "hf", "llama"))
 
 
 def warn_skipped(data: StudyData) -> None:
@@ -133,9 +134,31 @@ def export(
     top: TopOpt = 10,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="The JSON file to write (default stdout).",
                                                 show_default=False)] = None,
+    format: Annotated[ExportFormat, typer.Option("--format", help="json: the rows; hf: one shape as a Hugging "
+                                                 "Face model directory -o DIR (config.json, model.safetensors, "
+                                                 "its modeling code: trust_remote_code=True); llama: a stock "
+                                                 "LlamaForCausalLM directory (uniform heads, K=1).")]
+    = ExportFormat.json,
+    rank: Annotated[str | None, typer.Option("--rank", help="hf, llama: the row to export: its rank (default 1, "
+                                             "the best; with --checkpoint, its shape's row) or baseline.",
+                                             show_default=False)] = None,
+    checkpoint: Annotated[str | None, typer.Option("--checkpoint", help="hf, llama: a `nas train --out` or `nas "
+                                                   "rerun` run folder (or its checkpoint.pt) whose trained weights "
+                                                   "to export (default: freshly initialised weights).",
+                                                   show_default=False)] = None,
+    force: Annotated[bool, typer.Option("--force", help="hf, llama: replace the model directory -o DIR holds.")]
+    = False,
 ) -> None:
     """The best shapes and the baseline as JSON rows: each shape (a valid `nas train --config`, `--rank N`) with
-    the proxy's scores: mean loss ± 95% CI, paired gain over the baseline with its interval, tied with the best."""
+    the proxy's scores: mean loss ± 95% CI, paired gain over the baseline with its interval, tied with the best.
+    `--format hf` writes one shape (and a checkpoint's weights) as a model directory that transformers loads."""
+    if format.value != "json":
+        from nas.cli.export_hf import export_model_dir
+
+        export_model_dir(study_name, storage, rank, checkpoint, output, format.value, force)
+        return
+    if rank is not None or checkpoint is not None or force:
+        raise UsageError("--rank, --checkpoint and --force go with --format hf or llama (a model directory)")
     from nas.study.storage import load_existing_study
     from reports.export import export_rows
     from reports.frame import read_study

@@ -1,0 +1,124 @@
+"""``nas export --format hf|llama``: which shape and which weights, then ``nas.hf.export`` writes the directory.
+
+The sources, as the command line combines them:
+
+- ``--study-name S`` alone: the study row ``--rank N`` (default 1, the best; or ``baseline``), freshly initialised;
+- ``--checkpoint RUN`` alone: the run's trained weights and shape, with no study on the card;
+- both: the run's weights, and the study row of its shape: the row of the same shape, or the row a
+  ``nas rerun`` carried to it (its re-run records the proxy shape); ``--rank N`` must be that row.
+
+A rank the study does not hold, or a checkpoint of another shape, is one ``UsageError``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from nas.errors import UsageError
+
+if TYPE_CHECKING:
+    from nas.hf.run import TrainedRun
+    from reports.frame import StudyData
+
+DEFAULT_CONTEXT = 2048  # max_position_embeddings when neither a run nor a study says
+
+
+def _rerun_sources(store: Any, study: str, key: str) -> set[str]:
+    """The proxy shapes of ``study`` that ``nas rerun`` carried to the shape ``key``."""
+    from reports.reruns import read_reruns
+
+    reruns = read_reruns(store, study)
+    if reruns is None:
+        return set()
+    return {str(k) for k in reruns.loc[reruns["key"] == key, "proxy_key"]}
+
+
+def pick_row(data: StudyData, rows: list[dict[str, Any]], rank: int | str | None, run: TrainedRun | None,
+             store: Any = None) -> dict[str, Any]:
+    """The study row to export (see the module docstring); ``rank`` is a rank or ``"baseline"``."""
+    if not rows:
+        raise UsageError(f"study {data.name!r} has no completed training yet: no shape to export")
+    by_rank: dict[int | str, dict[str, Any]] = {r["rank"]: r for r in rows}
+    by_rank.update(("baseline", r) for r in rows if r["is_baseline"])
+    if rank is not None and rank not in by_rank:
+        held = f"its leaderboard ranks 1 to {max(r['rank'] for r in rows)}"
+        raise UsageError(f"--rank {rank} is not a row of study {data.name!r}: " + (
+            held if rank != "baseline" else "it has no completed baseline"))
+    if run is None:
+        return by_rank[rank or 1]
+    sources = {run.key} | (_rerun_sources(store, data.name, run.key) if store is not None else set())
+    if rank is not None:
+        row = by_rank[rank]
+        if row["key"] not in sources:
+            raise UsageError(f"--checkpoint {str(run.path)!r} trains {run.key}, not the shape of row {rank} of "
+                             f"study {data.name!r} ({row['key']}) nor a re-run of it")
+        return row
+    matching = [r for r in rows if r["key"] in sources]
+    if not matching:
+        raise UsageError(f"--checkpoint {str(run.path)!r} trains {run.key}, which is not a shape of study "
+                         f"{data.name!r} nor a re-run of one")
+    return matching[0]
+
+
+def parse_rank(text: str | None) -> int | str | None:
+    """``--rank``: a rank from 1, or ``baseline``."""
+    if text is None or text == "baseline":
+        return text
+    if not text.strip().isdigit() or int(text) < 1:
+        raise UsageError(f"--rank {text!r} is invalid: give a rank (1 = the best) or baseline")
+    return int(text)
+
+
+def export_model_dir(study_name: str | None, storage: str, rank_text: str | None, checkpoint_text: str | None,
+                     output_text: str | None, fmt: str, force: bool) -> None:
+    """``nas export --format hf|llama``: resolve the shape and weights, write ``-o DIR``, say what was written."""
+    if output_text is None or output_text == "-":
+        raise UsageError(f"--format {fmt} writes a model directory: give -o DIR")
+    output = Path(os.path.expanduser(output_text))
+    checkpoint = Path(os.path.expanduser(checkpoint_text)) if checkpoint_text is not None else None
+    rank = parse_rank(rank_text)
+    from nas.arch import ArchConfig
+    from nas.hf.card import Provenance
+    from nas.hf.export import check_target, write_model_dir
+    from nas.hf.run import read_run
+
+    check_target(output, force)  # before any reading: a refused target costs nothing
+    run = read_run(checkpoint) if checkpoint is not None else None
+    row, data_name, context = None, None, DEFAULT_CONTEXT
+    if study_name is not None or run is None:
+        from nas.cli.results import warn_skipped
+        from nas.study.storage import open_existing_study
+        from reports.export import export_rows
+        from reports.frame import read_study
+
+        study, store = open_existing_study(storage, study_name)
+        data = read_study(study)
+        warn_skipped(data)
+        row = pick_row(data, export_rows(data, len(data.board)), rank, run, store)
+        data_name = data.data
+        context = int((data.identity.get("train") or {}).get("seq_len") or DEFAULT_CONTEXT)
+    elif rank is not None:
+        raise UsageError("--rank picks a row of a study: give --study-name too")
+    if run is not None:
+        arch = run.arch
+        if arch is None and row is not None and row["key"] == run.key:
+            arch = ArchConfig.from_dict(row["arch"])
+        if arch is None:
+            raise UsageError(f"--checkpoint {str(run.path)!r} has no arch.json or result.json beside it (an "
+                             "unfinished `nas train --out` run): give --study-name of the study whose shape it "
+                             "trains, or save that shape (the --config given to nas train) there as arch.json")
+        context = run.context
+    else:
+        assert row is not None
+        arch = ArchConfig.from_dict(row["arch"])
+    provenance = Provenance(row=row, run=run.info if run else None, data=None if run else data_name)
+    done = write_model_dir(arch, output, fmt, provenance, weights=run.weights if run else None, context=context,
+                           force=force)
+    weights = f"trained weights of {run.path} (step {run.info['step']})" if run else "freshly initialised weights"
+    what = "PrismForCausalLM, load with trust_remote_code=True" if done.layout == "prism" else "LlamaForCausalLM"
+    origin = f", row {row['rank']} of study {row['study']!r}" if row else ""
+    typer.echo(f"wrote {done.path} ({arch.label()}{origin}; {what}; {weights}): {', '.join(done.files)}", err=True)

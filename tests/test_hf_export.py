@@ -1,0 +1,444 @@
+"""``nas export --format hf|llama``: a model directory that transformers loads, generates with and trains, and that
+computes this project's model on the same weights.
+
+The model-level tests write directories with ``nas.hf.export.write_model_dir`` from a project ``Transformer`` and
+load them with ``AutoModelForCausalLM`` (offline, CPU); the command-line tests (slow) export from a tiny study and
+from the checkpoints of ``nas train --out`` runs, and feed the command bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from nas.arch import ArchConfig, FFNShape, uniform
+from nas.errors import UsageError
+from nas.hf.card import Provenance, model_card
+from nas.hf.export import write_model_dir
+from nas.hf.mapping import hf_state_dict, llama_refusal
+from nas.model.transformer import Transformer
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("HF_MODULES_CACHE", str(Path(tempfile.gettempdir()) / f"prism-nas-hf-modules-{os.getuid()}"))
+transformers = pytest.importorskip("transformers")
+
+# a Prism schedule with head sizes 24, 12 and 3 (odd: its first 2 channels rotate), K=3 Hourglass sub-MLPs of 20,
+# two of them 21 wide, untied, non-default RoPE base and epsilon
+PRISM = ArchConfig(n_layers=3, d_model=48, heads=(2, 4, 16), ffn=FFNShape(3, 20, wider=2), vocab_size=300,
+                   tie_embeddings=False, rope_theta=12345.0, norm_eps=1e-6)
+BASELINE = uniform(2, 64, 4, 320, FFNShape(1, 176))  # uniform heads, K=1, tied: a LLaMA
+LOAD_COMPLAINTS = ("missing", "unexpected", "newly initialized", "not initialized", "not used", "mismatch")
+
+
+def project_model(arch: ArchConfig, seed: int = 0) -> Transformer:
+    """A project model with non-trivial norm gains (a mis-mapped norm would show)."""
+    torch.manual_seed(seed)
+    model = Transformer(arch).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.uniform_(0.5, 1.5)
+    return model
+
+
+@contextmanager
+def transformers_log():
+    """Everything transformers logs (info and up) and every Python warning, as one list of strings."""
+    records: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record.getMessage())
+
+    logger, handler = logging.getLogger("transformers"), Keep(logging.INFO)
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield records
+        records.extend(str(w.message) for w in caught)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def load(path: Path, remote: bool = True):
+    """``AutoModelForCausalLM.from_pretrained`` with its loading report and log; asserts a clean load."""
+    with transformers_log() as log:
+        model, info = transformers.AutoModelForCausalLM.from_pretrained(
+            path, trust_remote_code=remote, output_loading_info=True)
+    assert not any(info.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs")), info
+    complaints = [line for line in log if any(word in line.lower() for word in LOAD_COMPLAINTS)]
+    assert complaints == []
+    return model.eval()
+
+
+def relative_error(ours: torch.Tensor, theirs: torch.Tensor) -> float:
+    return float((ours - theirs).abs().max() / theirs.abs().max())
+
+
+@pytest.fixture(scope="module")
+def prism_dir(tmp_path_factory) -> tuple[Transformer, Path]:
+    model = project_model(PRISM)
+    out = tmp_path_factory.mktemp("export") / "prism-k3"
+    write_model_dir(PRISM, out, "hf", weights=model.state_dict(), context=64)
+    return model, out
+
+
+def test_every_parameter_is_mapped_once_and_the_llama_layout_is_refused_to_a_prism_schedule():
+    for arch in (PRISM, BASELINE):
+        state = Transformer(arch).state_dict()
+        mapped = hf_state_dict(state, arch)
+        assert sum(t.numel() for t in mapped.values()) == arch.n_params()["total"]
+        assert len({t.data_ptr() for t in mapped.values()}) == len(mapped)  # safetensors stores no shared memory
+    assert llama_refusal(BASELINE) is None
+    assert "head count differs by layer" in llama_refusal(PRISM)
+    assert "K=3" in llama_refusal(PRISM.replace(heads=[4, 4, 4]))
+    assert "odd" in llama_refusal(uniform(1, 48, 16, 300))
+
+
+@pytest.mark.parametrize("arch", [PRISM, BASELINE], ids=["prism-K3-untied", "baseline-tied"])
+def test_the_directory_loads_cleanly_and_computes_the_projects_logits(arch, tmp_path):
+    model = project_model(arch)
+    done = write_model_dir(arch, tmp_path / "m", "hf", weights=model.state_dict(), context=64)
+    assert done.files == ("README.md", "config.json", "configuration_prism.py", "model.safetensors",
+                          "modeling_prism.py")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_prism.PrismForCausalLM"
+    assert config["num_attention_heads"] == list(arch.heads) == config["num_key_value_heads"]
+    assert (config["ffn_num_mlps"], config["intermediate_size"], config["ffn_wider"]) == (arch.ffn.k, arch.ffn.hidden,
+                                                                                          arch.ffn.wider)
+    assert (config["rope_theta"], config["rms_norm_eps"], config["tie_word_embeddings"]) == (
+        arch.rope_theta, arch.norm_eps, arch.tie_embeddings)
+    for name in ("configuration_prism.py", "modeling_prism.py"):  # travels without prism-nas
+        source = (tmp_path / "m" / name).read_text()
+        assert "nas" not in {line.split()[1].split(".")[0] for line in source.splitlines()
+                             if line.startswith(("import ", "from "))}
+    hf = load(tmp_path / "m")
+    assert type(hf).__name__ == "PrismForCausalLM"
+    assert sum(p.numel() for p in hf.parameters()) == arch.n_params()["total"]
+    if arch.tie_embeddings:
+        assert hf.lm_head.weight.data_ptr() == hf.model.embed_tokens.weight.data_ptr()
+    idx = torch.randint(0, arch.vocab_size, (3, 41))
+    with torch.no_grad():
+        ours, theirs = model(idx), hf(input_ids=idx).logits
+    assert relative_error(ours, theirs) < 1e-5
+    # the loss: labels are the inputs, shifted inside, as HF models do
+    with torch.no_grad():
+        loss = hf(input_ids=idx, labels=idx).loss
+        ours_loss = model(idx[:, :-1], idx[:, 1:])
+    assert abs(float(loss) - float(ours_loss)) < 1e-5 * float(ours_loss)
+
+
+def test_generate_with_the_cache_feeds_one_token_a_step_and_gives_the_tokens_of_no_cache(prism_dir):
+    _, path = prism_dir
+    hf = load(path)
+    lengths: list[int] = []
+    hf.model.register_forward_pre_hook(lambda module, args, kwargs: lengths.append(kwargs["input_ids"].shape[1]),
+                                       with_kwargs=True)
+    prompt = torch.randint(0, PRISM.vocab_size, (2, 7))
+    cached = hf.generate(prompt, max_new_tokens=32, do_sample=False, use_cache=True)
+    assert lengths == [7] + [1] * 31  # the prompt once, then one new token a step: not quadratic
+    lengths.clear()
+    uncached = hf.generate(prompt, max_new_tokens=32, do_sample=False, use_cache=False)
+    assert lengths == list(range(7, 7 + 32))
+    assert cached.shape == (2, 7 + 32) and torch.equal(cached, uncached)
+    # a left-padded batch generates what each prompt generates alone
+    short = prompt[1, 3:]
+    padded = torch.stack([prompt[0], torch.cat([torch.zeros(3, dtype=torch.long), short])])
+    mask = torch.ones_like(padded)
+    mask[1, :3] = 0
+    batch = hf.generate(padded, attention_mask=mask, max_new_tokens=32, do_sample=False)
+    alone = hf.generate(short[None], max_new_tokens=32, do_sample=False)
+    assert torch.equal(batch[0], cached[0]) and torch.equal(batch[1, 7:], alone[0, 4:])
+
+
+def test_training_lowers_the_loss_checkpointing_keeps_the_gradients_and_save_pretrained_round_trips(prism_dir,
+                                                                                                   tmp_path):
+    _, path = prism_dir
+    hf = load(path).train()
+    idx = torch.randint(0, PRISM.vocab_size, (4, 33), generator=torch.Generator().manual_seed(1))
+    calls = []
+    for layer in hf.model.layers:
+        layer.register_forward_pre_hook(lambda *args: calls.append(1))
+    plain = torch.autograd.grad(hf(input_ids=idx, labels=idx).loss, list(hf.parameters()))
+    assert len(calls) == PRISM.n_layers
+    enable = getattr(hf, "activation_checkpointing_enable", None) or hf.gradient_checkpointing_enable
+    enable()
+    calls.clear()
+    checkpointed = torch.autograd.grad(hf(input_ids=idx, labels=idx).loss, list(hf.parameters()))
+    assert len(calls) == 2 * PRISM.n_layers  # every layer ran again in the backward pass
+    for a, b in zip(plain, checkpointed):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    (getattr(hf, "activation_checkpointing_disable", None) or hf.gradient_checkpointing_disable)()
+    optimizer = torch.optim.AdamW(hf.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(8):
+        loss = hf(input_ids=idx, labels=idx).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(float(loss.detach()))
+    assert losses[-1] < 0.8 * losses[0], losses
+    hf.eval().save_pretrained(tmp_path / "saved")
+    assert {"modeling_prism.py", "configuration_prism.py", "model.safetensors"} <= {
+        p.name for p in (tmp_path / "saved").iterdir()}
+    again = load(tmp_path / "saved")
+    with torch.no_grad():
+        assert torch.equal(hf(input_ids=idx).logits, again(input_ids=idx).logits)
+    assert again.config.num_attention_heads == list(PRISM.heads) and again.config.rope_theta == PRISM.rope_theta
+
+
+def test_grouped_query_heads_equal_full_heads_holding_each_key_value_head_once_per_group(prism_dir):
+    """Per-layer ``num_key_value_heads`` (the grouped-query attention a later shape may ask for) needs no new format:
+    a model with 1 and 2 key/value heads in layers of 2 and 4 equals full attention whose heads of a group share
+    their key/value weights (HF's ``repeat_kv`` order)."""
+    _, path = prism_dir
+    config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=True)
+    config.num_attention_heads, config.num_key_value_heads = [2, 4, 16], [1, 2, 4]
+    torch.manual_seed(3)
+    gqa = transformers.AutoModelForCausalLM.from_config(config, trust_remote_code=True).eval()
+    config.num_key_value_heads = [2, 4, 16]
+    full = transformers.AutoModelForCausalLM.from_config(config, trust_remote_code=True).eval()
+    state = gqa.state_dict()
+    for layer, (h, kv) in enumerate(zip([2, 4, 16], [1, 2, 4])):
+        dim = PRISM.d_model // h
+        for name in ("k_proj", "v_proj"):
+            key = f"model.layers.{layer}.self_attn.{name}.weight"
+            state[key] = state[key].view(kv, dim, -1).repeat_interleave(h // kv, dim=0).reshape(h * dim, -1)
+    full.load_state_dict(state)
+    idx = torch.randint(0, PRISM.vocab_size, (2, 19))
+    with torch.no_grad():
+        assert relative_error(gqa(input_ids=idx).logits, full(input_ids=idx).logits) < 1e-6
+    assert gqa.model.layers[0].self_attn.k_proj.weight.shape == (24, PRISM.d_model)  # 1 head of 24, not 2
+
+
+def test_the_baseline_exports_as_a_stock_llama_with_no_remote_code(tmp_path):
+    arch = BASELINE.replace(rope_theta=50000.0, norm_eps=1e-6, tie_embeddings=False)
+    model = project_model(arch)
+    done = write_model_dir(arch, tmp_path / "llama", "llama", weights=model.state_dict(), context=128)
+    assert done.files == ("README.md", "config.json", "model.safetensors")
+    hf = load(tmp_path / "llama", remote=False)
+    assert type(hf) is transformers.LlamaForCausalLM
+    assert hf.config.rope_parameters["rope_theta"] == 50000.0 and hf.config.rms_norm_eps == 1e-6
+    idx = torch.randint(0, arch.vocab_size, (2, 50))
+    with torch.no_grad():
+        assert relative_error(model(idx), hf(input_ids=idx).logits) < 1e-5
+    generated = hf.generate(idx[:1, :5], max_new_tokens=32, do_sample=False)
+    assert generated.shape == (1, 37)  # no end-of-text token cut it short (LlamaConfig's default eos is 2)
+
+
+def test_a_shape_llama_cannot_hold_and_a_failed_write_leave_nothing_behind(tmp_path, monkeypatch):
+    import nas.hf.export
+
+    with pytest.raises(UsageError, match="no LLaMA: its head count differs by layer"):
+        write_model_dir(PRISM, tmp_path / "m", "llama")
+    assert list(tmp_path.iterdir()) == []
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(nas.hf.export, "save_file", disk_full)
+    with pytest.raises(UsageError, match="cannot write -o .*No space left on device"):
+        write_model_dir(BASELINE, tmp_path / "m", "hf")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_weights_of_another_shape_are_refused(tmp_path):
+    other = Transformer(BASELINE.replace(heads=[2, 2], ffn={"k": 1, "hidden": 160})).state_dict()
+    with pytest.raises(UsageError, match="not those of h=4x2 K1x176 d64 L2: .*size mismatch"):
+        write_model_dir(BASELINE, tmp_path / "m", "hf", weights=other)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_card_states_the_shape_the_study_row_and_whether_the_weights_are_trained():
+    row = {"rank": 2, "study": "s", "space": "prism", "preset": "cpu", "seeds": 3, "adjusted_loss": 3.2101,
+           "mean_loss": 3.2150, "ci95": 0.0123, "is_baseline": False, "tied_with_best": True,
+           "expected_gain_pct": 0.84, "expected_gain_low": -0.21, "expected_gain_high": 1.9, "paired_gain_pct": 1.1,
+           "paired_gain_low": 0.2, "paired_gain_high": 2.0, "paired_seeds": 2}
+    fresh = model_card(PRISM, "prism", Provenance(row=row, data="builtin"))
+    for text in ("# h=2x1,4x1,16x1 K3x20+2 d48 L3",
+                 "attention heads per layer: 2, 4, 16",
+                 "K=3 stacked residual SwiGLU sub-MLPs of hidden size 20 (Hourglass); the first 2 sub-MLPs have 21",
+                 "study `s` (space prism, proxy preset cpu): rank 2, tied with the best",
+                 "proxy score (seed-adjusted validation loss, the rank): 3.2101",
+                 "mean proxy loss over 3 seeds: 3.2150 ± 0.0123",
+                 "expected gain over the baseline: +0.84 % [-0.21, +1.90] (95 % posterior)",
+                 "paired gain over the baseline on 2 common seeds: +1.10 % [+0.20, +2.00]",
+                 "**freshly initialised, untrained**", "trust_remote_code=True", "`--data builtin`"):
+        assert text in fresh, text
+    early = model_card(PRISM, "prism", Provenance(row={**row, "expected_gain_low": None, "expected_gain_high": None,
+                                                        "ci95": None, "seeds": 1}))
+    assert "expected gain over the baseline: +0.84 % (not shrunk yet: too few seeds)" in early
+    assert "mean proxy loss over 1 seed: 3.2150\n" in early and "posterior" not in early
+    run = {"path": "runs/w/checkpoint.pt", "step": 15, "steps": 20, "tokens": 1920, "seq_len": 32, "val_loss": 3.5,
+           "val_tokens": 1536}
+    trained = model_card(BASELINE, "llama", Provenance(run=run))
+    assert "step 15 of 20, 1,920 tokens of context 32" in trained and "3.5000 (after 1,536 tokens)" in trained
+    assert "freshly" not in trained and "a stock LlamaForCausalLM" in trained and "not linked to a study" in trained
+
+
+# ----------------------------------------------------------------- the command line
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A tiny study, `nas export` rows, a `nas train --out` run of its best shape and one of a shape outside it."""
+    from nas.study.config import SearchConfig
+    from nas.study.parallel import run_search
+    from search_spaces.factory import SpaceOptions
+
+    root = tmp_path_factory.mktemp("cli")
+    storage = f"sqlite:///{root / 'nas.db'}"
+    monkeypatch = pytest.MonkeyPatch()
+    import runners.device
+
+    monkeypatch.setattr(runners.device, "available_cores", lambda: 1)
+    run_search(SearchConfig(space=SpaceOptions(space="prism"), preset="tiny", storage=storage, trials=4,
+                            study_name="s", train_overrides=(("tokens", 2048),)))
+    runner = CliRunner()
+    result = runner.invoke(app(), ["export", "--storage", storage, "-o", str(root / "best.json")])
+    assert result.exit_code == 0, result.output
+    other = ArchConfig(n_layers=4, d_model=32, heads=(2, 2, 2, 2), ffn=FFNShape(1, 88), vocab_size=256)
+    (root / "other.json").write_text(other.to_json())
+    for name, config in (("best", "best.json"), ("other", "other.json")):
+        result = runner.invoke(app(), ["train", "--config", str(root / config), "--preset", "tiny", "--tokens", "1024",
+                                       "--out", str(root / name), "--threads", "1"])
+        assert result.exit_code == 0, result.output
+    yield root, storage
+    monkeypatch.undo()
+
+
+def app():
+    from nas.cli import app
+
+    return app
+
+
+def nas(*args: str):
+    return CliRunner().invoke(app(), list(args))
+
+
+@pytest.mark.slow
+def test_export_a_study_row_fresh_and_a_trained_checkpoint_with_its_weights(runs, tmp_path):
+    root, storage = runs
+    best = json.loads((root / "best.json").read_text())[0]
+    fresh = nas("export", "--storage", storage, "--top", "1", "--format", "hf", "-o", str(tmp_path / "fresh"))
+    assert fresh.exit_code == 0, fresh.output
+    assert "freshly initialised weights" in fresh.stderr and "row 1 of study 's'" in fresh.stderr
+    card = (tmp_path / "fresh" / "README.md").read_text()
+    assert f"# {best['shape']}" in card and "rank 1" in card and "freshly initialised" in card
+    assert f"{best['adjusted_loss']:.4f}" in card
+    assert json.loads((tmp_path / "fresh" / "config.json").read_text())["max_position_embeddings"] == 32
+
+    trained = nas("export", "--storage", storage, "--study-name", "s", "--checkpoint", str(root / "best"),
+                  "--format", "hf", "-o", str(tmp_path / "trained"))
+    assert trained.exit_code == 0, trained.output
+    assert "trained weights of" in trained.stderr and "row 1 of study 's'" in trained.stderr
+    checkpoint = torch.load(root / "best" / "checkpoint.pt", weights_only=True)
+    model = Transformer(ArchConfig.from_dict(best["arch"])).eval()
+    model.load_state_dict(checkpoint["model"])
+    hf = load(tmp_path / "trained")
+    idx = torch.randint(0, 256, (2, 30))
+    with torch.no_grad():
+        assert relative_error(model(idx), hf(input_ids=idx).logits) < 1e-5
+    assert "step 8 of 8, 1,024 tokens of context 32" in (tmp_path / "trained" / "README.md").read_text()
+
+    alone = nas("export", "--checkpoint", str(root / "best" / "checkpoint.pt"), "--format", "hf", "-o",
+                str(tmp_path / "alone"))  # no study: the shape from the run's result.json
+    assert alone.exit_code == 0, alone.output
+    assert "not linked to a study" in (tmp_path / "alone" / "README.md").read_text()
+
+    baseline = next(r for r in json.loads((root / "best.json").read_text()) if r["is_baseline"])
+    llama = nas("export", "--storage", storage, "--rank", "baseline", "--format", "llama", "-o",
+                str(tmp_path / "llama"))
+    assert llama.exit_code == 0, llama.output
+    assert f"row {baseline['rank']} of study 's'" in llama.stderr and "(the baseline)" in (
+        tmp_path / "llama" / "README.md").read_text()
+    assert type(load(tmp_path / "llama", remote=False)) is transformers.LlamaForCausalLM
+
+
+@pytest.mark.slow
+def test_a_checkpoint_is_matched_to_its_study_row_or_to_the_row_a_rerun_carried_to_it(runs, tmp_path):
+    import optuna
+
+    from reports.reruns import RERUN_MARK, rerun_study_name
+
+    root, storage = runs
+    rows = json.loads((root / "best.json").read_text())
+    args = ["export", "--storage", storage, "--study-name", "s", "--checkpoint", str(root / "other"), "--format",
+            "hf"]
+    refused = nas(*args, "-o", str(tmp_path / "m"))
+    assert refused.exit_code == 2 and "which is not a shape of study 's' nor a re-run of one" in refused.stderr
+    # the `other` run recorded as a re-run of row 2's shape, as `nas rerun` records one it carried to a target
+    # (the attrs reports.reruns.read_reruns reads)
+    study = optuna.create_study(storage=storage, study_name=rerun_study_name("s", "tiny"))
+    study.set_user_attr(RERUN_MARK, "s")
+    other = json.loads((root / "other" / "result.json").read_text())
+    study.add_trial(optuna.trial.create_trial(value=other["val_loss"], user_attrs={
+        "proxy_key": rows[1]["key"], "key": ArchConfig.from_dict(other["arch"]).key(), "seed": 0}))
+    matched = nas(*args, "-o", str(tmp_path / "m"))
+    assert matched.exit_code == 0, matched.output
+    assert f"row {rows[1]['rank']} of study 's'" in matched.stderr
+    card = (tmp_path / "m" / "README.md").read_text()
+    assert f"rank {rows[1]['rank']}" in card and "# h=2x4 K1x88 d32 L4" in card  # the row's scores, the run's shape
+    wrong = nas(*args, "--rank", "1", "-o", str(tmp_path / "m2"))
+    assert wrong.exit_code == 2 and "not the shape of row 1 of study 's'" in wrong.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args, says", [
+    (["--rank", "99", "--format", "hf", "-o", "m"], "--rank 99 is not a row of study 's': its leaderboard ranks 1 to"),
+    (["--rank", "best", "--format", "hf", "-o", "m"], "--rank 'best' is invalid: give a rank (1 = the best) or "
+                                                      "baseline"),
+    (["--format", "hf"], "--format hf writes a model directory: give -o DIR"),
+    (["--format", "onnx", "-o", "m"], "onnx"),
+    (["--checkpoint", "CHECKPOINT", "-o", "rows.json"], "--checkpoint and --force go with --format hf or llama"),
+    (["--checkpoint", "nowhere", "--format", "hf", "-o", "m"], "--checkpoint 'nowhere' does not exist"),
+    (["--checkpoint", "MIXED", "--format", "hf", "-o", "m"], "but 'MIXED/result.json' beside it is another shape"),
+    (["--format", "hf", "-o", "full"], "-o 'TMP/full' exists and is not empty: give a new folder, or --force"),
+    (["--format", "hf", "-o", "full", "--force"], "holds no config.json: --force replaces a model directory only"),
+    (["--format", "llama", "--rank", "PRISM_RANK", "-o", "m"], "no LLaMA: its head count differs by layer"),
+])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(runs, tmp_path, monkeypatch, args, says):
+    root, storage = runs
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "notes.txt").write_text("mine")
+    mixed = tmp_path / "MIXED"
+    mixed.mkdir()
+    (mixed / "checkpoint.pt").write_bytes((root / "best" / "checkpoint.pt").read_bytes())
+    (mixed / "result.json").write_text((root / "other" / "result.json").read_text())
+    prism_rank = next(r["rank"] for r in json.loads((root / "best.json").read_text()) if len(set(r["heads"])) > 1)
+    args = [{"CHECKPOINT": str(root / "best"), "PRISM_RANK": str(prism_rank)}.get(a, a) for a in args]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    result = nas("export", "--storage", storage, "--study-name", "s", *args)
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert says.replace("TMP", str(tmp_path)) in lines[0], lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing half-written, no temporary folder
+    assert (tmp_path / "full" / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.slow
+def test_force_replaces_a_model_directory_whole(runs, tmp_path):
+    root, storage = runs
+    out = tmp_path / "m"
+    first = nas("export", "--storage", storage, "--format", "hf", "-o", str(out))
+    assert first.exit_code == 0, first.output
+    (out / "tokenizer.json").write_text("{}")  # something the user added
+    again = nas("export", "--storage", storage, "--checkpoint", str(root / "best"), "--study-name", "s", "--format",
+                "hf", "-o", str(out), "--force")
+    assert again.exit_code == 0, again.output
+    assert "tokenizer.json" not in {p.name for p in out.iterdir()} and "step 8 of 8" in (out / "README.md").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
