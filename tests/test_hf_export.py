@@ -164,6 +164,16 @@ def test_generate_with_the_cache_feeds_one_token_a_step_and_gives_the_tokens_of_
     assert torch.equal(batch[0], cached[0]) and torch.equal(batch[1, 7:], alone[0, 4:])
 
 
+def gradients(model, idx: torch.Tensor) -> list[torch.Tensor]:
+    """Every parameter's gradient of the loss on ``idx`` (``backward``: transformers 4's reentrant checkpointing
+    refuses ``torch.autograd.grad``)."""
+    model.zero_grad()
+    model(input_ids=idx, labels=idx).loss.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    return grads
+
+
 def test_training_lowers_the_loss_checkpointing_keeps_the_gradients_and_save_pretrained_round_trips(prism_dir,
                                                                                                    tmp_path):
     _, path = prism_dir
@@ -172,12 +182,12 @@ def test_training_lowers_the_loss_checkpointing_keeps_the_gradients_and_save_pre
     calls = []
     for layer in hf.model.layers:
         layer.register_forward_pre_hook(lambda *args: calls.append(1))
-    plain = torch.autograd.grad(hf(input_ids=idx, labels=idx).loss, list(hf.parameters()))
+    plain = gradients(hf, idx)
     assert len(calls) == PRISM.n_layers
     enable = getattr(hf, "activation_checkpointing_enable", None) or hf.gradient_checkpointing_enable
     enable()
     calls.clear()
-    checkpointed = torch.autograd.grad(hf(input_ids=idx, labels=idx).loss, list(hf.parameters()))
+    checkpointed = gradients(hf, idx)
     assert len(calls) == 2 * PRISM.n_layers  # every layer ran again in the backward pass
     for a, b in zip(plain, checkpointed):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)

@@ -72,7 +72,7 @@ def model_card(arch: ArchConfig, layout: str, provenance: Provenance) -> str:
         ffn += f"; the first {arch.ffn.wider} sub-MLPs have {arch.ffn.hidden + 1}"
     load = ('AutoModelForCausalLM.from_pretrained("DIR", trust_remote_code=True)' if layout == "prism"
             else 'AutoModelForCausalLM.from_pretrained("DIR")  # a stock LlamaForCausalLM')
-    code = ("`configuration_prism.py` and `modeling_prism.py` (torch and transformers only) hold the model: "
+    code = ("`configuration_prism.py` and `modeling_prism.py` (torch and transformers >= 4.46 only) hold the model: "
             "load it with `trust_remote_code=True`." if layout == "prism"
             else "A stock `LlamaForCausalLM`: no remote code.")
     if provenance.run is not None:

@@ -11,7 +11,8 @@ only changes a ``view``; each head size has its own rotary table (an odd head si
 ``generate()`` feeds one token a step; ``num_key_value_heads[l] < num_attention_heads[l]`` shares each
 key/value head among a group of query heads (grouped-query attention, HF's ``repeat_kv`` order).
 
-This file depends on ``torch`` and ``transformers`` only: it travels with the model directory.
+This file depends on ``torch`` and ``transformers`` (>= 4.46; tested with 4.46, 4.57 and 5.24) only: it travels
+with the model directory.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ from .configuration_prism import PrismConfig
 
 logger = logging.get_logger(__name__)
 
+# 4.46 is the first transformers whose generate() prepares a cached model's inputs itself
+if tuple(int(part) for part in transformers.__version__.split(".")[:2]) < (4, 46):
+    raise ImportError(f"this model's code needs transformers >= 4.46, found {transformers.__version__}")
 # transformers 5 names the cache ``cache`` in forward and outputs and ties weights by a {target: source} map;
 # 4.x names it ``past_key_values`` and lists the tied targets
 _CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
@@ -289,3 +293,8 @@ class PrismForCausalLM(PrismPreTrainedModel, GenerationMixin):
         result = CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=out.hidden_states,
                                         **{_CACHE: getattr(out, _CACHE)})
         return result if return_dict is not False else result.to_tuple()
+
+
+# save_pretrained() copies this file and configuration_prism.py beside the weights only for a class registered for an
+# auto class, which 4.x does not do when it loads one
+PrismForCausalLM.register_for_auto_class("AutoModelForCausalLM")
