@@ -7,7 +7,12 @@ A checkpoint holds everything an exact resume needs, as tensors and plain Python
   shape key, training config, world size; a checkpoint of another run is refused);
 - ``model`` and ``optimizer`` state dicts, ``step`` and ``position`` (the data stream's offset
   in tokens), ``curves`` (the losses so far), ``rng`` (torch's CPU generator state and, on CUDA,
-  every device's, as uint8 tensors), and ``ema`` (the weight average, when the run scores one).
+  every device's, as ``bytes``), and ``ema`` (the weight average, when the run scores one).
+
+The RNG states are bytes, not tensors, so that ``torch.load(map_location=...)`` leaves them alone:
+``torch.set_rng_state`` and ``torch.cuda.set_rng_state_all`` take CPU byte tensors only, and a run
+resumed on a GPU loads with ``map_location=<its device>``, which moved version 1's uint8 tensors
+there (a ``TypeError`` at every restart). Version 1 files are still read; their states are copied back.
 
 Writes go to a temporary file in the same folder, are flushed and ``fsync``-ed, renamed over the
 previous checkpoint (``os.replace`` is atomic) and the folder is synced, so a kill at any moment
@@ -27,21 +32,34 @@ import torch
 from nas.errors import UsageError
 
 FORMAT = "prism-nas-checkpoint"
-VERSION = 1
+VERSION = 2  # 2: RNG states as bytes (1: uint8 tensors, which map_location moved off the CPU)
+READS = (1, 2)
 CHECKPOINT_NAME = "checkpoint.pt"
 
 
 def rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {"torch": torch.get_rng_state()}
+    """The generators' states as bytes: the CPU's, and every CUDA device's once CUDA is in use."""
+    state: dict[str, Any] = {"torch": _bytes(torch.get_rng_state())}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = [_bytes(s) for s in torch.cuda.get_rng_state_all()]
     return state
 
 
+def _bytes(state: torch.Tensor) -> bytes:
+    return state.cpu().numpy().tobytes()
+
+
+def _cpu_state(value: bytes | torch.Tensor) -> torch.Tensor:
+    """A saved generator state as the CPU uint8 tensor the setters take (bytes: version 2; a tensor: version 1)."""
+    if isinstance(value, torch.Tensor):
+        return value.to("cpu", torch.uint8)
+    return torch.frombuffer(bytearray(value), dtype=torch.uint8)
+
+
 def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
+    torch.set_rng_state(_cpu_state(state["torch"]))
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state_all([_cpu_state(s) for s in state["cuda"]])
 
 
 def _fsync_folder(folder: Path) -> None:
@@ -67,8 +85,9 @@ def write_checkpoint(path: Path, payload: dict[str, Any]) -> None:
 
 
 def read_checkpoint(path: Path, run: dict[str, Any], map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """The checkpoint at ``path`` for the run ``run``; ``UsageError`` naming the file when it is corrupt, truncated,
-    not a prism-nas checkpoint, or another run's."""
+    """The checkpoint at ``path`` for the run ``run``, its tensors on ``map_location`` (RNG states are bytes and
+    stay on the host); ``UsageError`` naming the file when it is corrupt, truncated, not a prism-nas checkpoint, or
+    another run's."""
     try:
         data = torch.load(path, map_location=map_location, weights_only=True)
     except (pickle.UnpicklingError, zipfile.BadZipFile, EOFError, RuntimeError, ValueError, KeyError,
@@ -78,9 +97,9 @@ def read_checkpoint(path: Path, run: dict[str, Any], map_location: str | torch.d
                          f"weights-only file): {first}; delete it to start the run again") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise UsageError(f"checkpoint {str(path)!r} is not a prism-nas checkpoint; delete it or choose another --out")
-    if data.get("version") != VERSION:
+    if data.get("version") not in READS:
         raise UsageError(f"checkpoint {str(path)!r} has version {data.get('version')!r}, this prism-nas reads "
-                         f"{VERSION}")
+                         f"{' and '.join(map(str, READS))}")
     stored = data.get("run")
     if stored != run:
         differ = sorted(k for k in set(stored or {}) | set(run) if (stored or {}).get(k) != run.get(k))
