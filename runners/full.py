@@ -10,15 +10,20 @@ batch ``cfg.batch_size`` (sequences per optimiser step) whatever the number of p
   gradients (``no_sync`` until the last micro-batch), so 1 and N processes train on the same
   batches and reach the same losses up to float summation order.
 - **Precision and speed**: bf16 autocast on CUDA (``cfg.dtype``), fused AdamW where torch has
-  it, ``cfg.compile`` compiles the model with its plain-PyTorch ops
-  (``Transformer.use_reference_ops``: the CPU kernels' ctypes calls would break the graph).
+  it, ``cfg.compile`` compiles the model with its plain-PyTorch ops (``runners.proxy.compile_model``:
+  the CPU kernels' ctypes calls would break the graph). Each process sets its threads (``--threads``,
+  else its share of the cores; GPU runs too) and caps Inductor's compile workers at them. On CUDA
+  the batches are pinned and the step losses read back every ``LOSS_READ_EVERY_CUDA`` steps in one
+  transfer (``runners.device.StepLosses``; the same points on every rank, so all stop together on
+  divergence), not once a step.
 - **Checkpoints** (``runners.checkpoint``) every ``options.checkpoint_every`` steps and at the end:
   model, optimiser, step, stream position, RNG states, curves. Restarted with the same command,
   a run resumes from its checkpoint and reproduces, bitwise on CPU in fp32, the losses an
   uninterrupted run would have logged; a finished run (``result.json``) is not trained again.
-- **Output** (rank 0): a progress line (step, loss, tokens/s, MFU against the measured matmul
-  peak, ETA) on stderr at most every ``options.progress_every_s``; every step and evaluation as a
-  JSON line in ``log.jsonl``; ``result.json`` at the end.
+- **Output** (rank 0): on CUDA first a line with the SDPA kernel each head dim gets
+  (``runners.device.attention_kernels``); a progress line (step, loss, tokens/s, MFU against the
+  measured matmul peak, ETA) on stderr at most every ``options.progress_every_s``; every step and
+  evaluation as a JSON line in ``log.jsonl``; ``result.json`` at the end.
 """
 
 from __future__ import annotations
@@ -43,10 +48,10 @@ from nas.model.transformer import Transformer
 from nas.units import format_duration
 from runners.checkpoint import CHECKPOINT_NAME, read_checkpoint, rng_state, set_rng_state, write_checkpoint
 from runners.config import TrainConfig
-from runners.device import autocast, available_cores, set_threads
+from runners.device import StepLosses, attention_kernels, autocast, available_cores, configure_threads
 from runners.distributed import Processes, all_sum, barrier, setup, teardown
 from runners.peak import measure_matmul_peak
-from runners.proxy import build_optimizer, lr_multiplier, update_average
+from runners.proxy import build_optimizer, compile_model, lr_multiplier, update_average
 from runners.stream import ORDER as STREAM_ORDER
 from runners.stream import TokenStream
 
@@ -155,19 +160,22 @@ def _run(arch: ArchConfig, cfg: TrainConfig, data: TokenData, options: RunOption
             raise UsageError(f"--out {str(out)!r} cannot be a run's folder: {error.strerror or error}") from None
         finished = out / "result.json"
         if finished.exists():
-            result = json.loads(finished.read_text())
+            try:
+                result = json.loads(finished.read_text())
+            except (OSError, UnicodeDecodeError, ValueError) as error:
+                raise UsageError(f"{str(finished)!r} is damaged ({error}): delete it and run the same command to "
+                                 "train (or resume) the run again") from None
+            if not isinstance(result, dict):
+                raise UsageError(f"{str(finished)!r} holds no run result: delete it and run the same command again")
             if result.get("run") == identity:
                 return {**result, "resumed": "finished"}
             raise UsageError(f"{str(out)!r} holds the result of another run; choose another --out")
     device = processes.device
-    if device.type == "cpu":  # torchrun's processes share the cores: one share each unless --threads says
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        set_threads(cfg.threads or max(1, available_cores() // local))
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # torchrun's processes share the cores: a share each
+    configure_threads(cfg.threads or max(1, available_cores() // local), compiling=cfg.compile)
     started = time.perf_counter()
     torch.manual_seed(cfg.seed)
     model = Transformer(arch).to(device)
-    if cfg.compile:
-        model.use_reference_ops()
     optimizer = build_optimizer(model, cfg, device)
     params = [p for p in model.parameters() if p.requires_grad]
     ema = [p.detach().clone() for p in params] if cfg.ema_decay > 0 else None  # as runners.proxy scores
@@ -191,16 +199,23 @@ def _run(arch: ArchConfig, cfg: TrainConfig, data: TokenData, options: RunOption
     if processes.world > 1:
         wrapped = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None)
-    forward = torch.compile(wrapped) if cfg.compile else wrapped
+    forward = compile_model(model, wrapped) if cfg.compile else wrapped
     log = RunLog(out / "log.jsonl" if out is not None and processes.main else None, first_step)
     val = validation_batches(data.val, cfg.batch_size, cfg.seq_len, cfg.eval_tokens)
     peak = measure_matmul_peak(device, torch.bfloat16 if cfg.dtype == "bf16" and device.type == "cuda"
                                else torch.float32)
     flops = arch.flops_per_token(cfg.seq_len)
+    kernels = attention_kernels(arch.head_dims(), torch.cuda.get_device_capability(device), torch.bfloat16 if
+                                cfg.dtype == "bf16" else torch.float32) if device.type == "cuda" else None
+    if kernels is not None and processes.main and options.progress:
+        print(f"attention (SDPA on {torch.cuda.get_device_name(device)}): {kernels}", file=sys.stderr, flush=True)
     eval_interval = max(1, cfg.eval_every // cfg.tokens_per_step)
     status, reason, train_time, last_print = "ok", None, 0.0, 0.0
     first_loss = curves["train"][0][1] if curves["train"] else None
     val_loss = curves["eval"][-1][1] if curves["eval"] else math.nan
+    losses = StepLosses(device)
+    unread: list[tuple[int, float, float]] = []  # (step, lr, train time after it) of steps whose loss is unread
+    pinned = device.type == "cuda"  # a copy from pageable memory waits for the device's queue
     for step in range(first_step, steps):
         tick = time.perf_counter()
         for group in optimizer.param_groups:
@@ -210,6 +225,8 @@ def _run(arch: ArchConfig, cfg: TrainConfig, data: TokenData, options: RunOption
         for i, (x, y) in enumerate(micro_batches):
             last = i == len(micro_batches) - 1
             sync = contextlib.nullcontext() if processes.world == 1 or last else wrapped.no_sync()
+            if pinned:
+                x, y = x.pin_memory(), y.pin_memory()
             with sync:
                 with autocast(device, cfg.dtype):
                     loss = forward(x.to(device, non_blocking=True), y.to(device, non_blocking=True))
@@ -220,20 +237,33 @@ def _run(arch: ArchConfig, cfg: TrainConfig, data: TokenData, options: RunOption
         optimizer.zero_grad(set_to_none=True)
         if ema is not None:  # every rank holds the same weights after the step, hence the same average
             update_average(ema, params, cfg.ema_decay)
-        train_loss = float(all_sum(loss_sum, processes)) / processes.world  # the global batch's mean loss
+        losses.add(all_sum(loss_sum, processes) / processes.world)  # the global batch's mean loss, on the device
+        evaluating = (step + 1) % eval_interval == 0 or step == steps - 1
+        saving = checkpoint is not None and ((step + 1) % checkpoint_every == 0 or step == steps - 1)
+        # read points depend on the step alone, so every rank reads, and stops on divergence, at the same step
+        reading = losses.due or evaluating or saving or step == first_step
+        values = losses.read() if reading else []
         train_time += time.perf_counter() - tick
-        tokens = (step + 1) * cfg.tokens_per_step
-        curves["train"].append([tokens, train_loss])
-        first_loss = train_loss if first_loss is None else first_loss
-        done = step + 1 - first_step
+        unread.append((step, optimizer.param_groups[0]["lr"], train_time))
+        if not reading:
+            continue
+        for (at, lr, elapsed), train_loss in zip(unread, values, strict=True):
+            tokens = (at + 1) * cfg.tokens_per_step
+            curves["train"].append([tokens, train_loss])
+            first_loss = train_loss if first_loss is None else first_loss
+            speed = (at + 1 - first_step) * cfg.tokens_per_step / elapsed
+            log.write({"step": at + 1, "tokens": tokens, "loss": train_loss, "lr": lr, "tokens_per_s": speed,
+                       "mfu": flops * speed / (processes.world * peak)})
+            if not math.isfinite(train_loss) or train_loss > cfg.diverge_factor * first_loss:
+                status, reason = "diverged", f"train loss {train_loss:.4g} at step {at + 1}"
+                break
+        unread.clear()
+        if status == "diverged":
+            break
+        tokens, done = (step + 1) * cfg.tokens_per_step, step + 1 - first_step
         speed = done * cfg.tokens_per_step / train_time
         mfu = flops * speed / (processes.world * peak)
-        log.write({"step": step + 1, "tokens": tokens, "loss": train_loss,
-                   "lr": optimizer.param_groups[0]["lr"], "tokens_per_s": speed, "mfu": mfu})
-        if not math.isfinite(train_loss) or train_loss > cfg.diverge_factor * first_loss:
-            status, reason = "diverged", f"train loss {train_loss:.4g} at step {step + 1}"
-            break
-        if (step + 1) % eval_interval == 0 or step == steps - 1:
+        if evaluating:
             if step == steps - 1 and ema is not None:  # the score is the averaged weights'
                 with torch.no_grad():
                     for average, p in zip(ema, params):
@@ -248,7 +278,7 @@ def _run(arch: ArchConfig, cfg: TrainConfig, data: TokenData, options: RunOption
             eta = (steps - step - 1) * train_time / done
             print(f"step {step + 1}/{steps} | loss {train_loss:.4f} | {speed:,.0f} tok/s | MFU {100 * mfu:.1f}% "
                   f"| ETA {format_duration(eta)}", file=sys.stderr, flush=True)
-        if checkpoint is not None and ((step + 1) % checkpoint_every == 0 or step == steps - 1):
+        if saving:
             if processes.main:
                 write_checkpoint(checkpoint, {"run": identity, "model": model.state_dict(),
                                               "optimizer": optimizer.state_dict(), "step": step + 1,
@@ -265,6 +295,7 @@ def _run(arch: ArchConfig, cfg: TrainConfig, data: TokenData, options: RunOption
         "peak_flops": peak, "world_size": processes.world, "params": arch.n_params(), "flops_per_token": flops,
         "arch": arch.to_dict(), "train": cfg.to_dict(), "seed": cfg.seed, "device": str(device),
         "wall_time_s": time.perf_counter() - started, "resumed_from_step": first_step,
+        "attention_kernels": kernels, "loss_read_wait_s": losses.wait_s,
     }
     if out is not None and processes.main:
         tmp = out / "result.json.tmp"
