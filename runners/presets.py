@@ -12,35 +12,53 @@ that must resolve finer differences. The ``gpt2-*``,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from nas.arch import ArchConfig, FFNShape, uniform
 from nas.errors import UsageError
 from runners.config import TrainConfig
+from search_spaces.factory import HOURGLASS_ONLY, PRISM_ONLY, SpaceOptions
 
 
 @dataclass(frozen=True)
 class GpuEstimate:
     """What a GPU proxy preset's trial costs, from ``ArchConfig.flops_per_token`` and stated assumptions.
 
-    ``minutes per trial = tokens * flops_per_token(T) / (peak_flops * mfu) / 60``. The peak is the dense
-    bf16 tensor-core figure of an H100/H200 SXM (989 TFLOP/s, NVIDIA's datasheet); ``mfu`` is assumed
-    (nanoGPT and modded-nanogpt report 0.3-0.5 at GPT-2 small scale with ``torch.compile``; run
-    ``benchmarks/gpu_check.py`` for the figure of your GPU). ``seed_sd`` is the full-scale seed noise the
-    resolution estimate starts from: modded-nanogpt's repeated GPT-2 small runs reported a standard deviation
-    of about 0.002 nats of the final validation loss. A 100M-token trial is shorter and likely noisier:
-    measure it with ``benchmarks/proxy_fidelity.py`` on the GPU before trusting the estimate.
+    ``minutes per trial = (tokens * flops_per_token(T) / achieved_flops + compile_s) / 60`` with
+    ``achieved_flops = peak_flops * mfu``. The peak is the dense bf16 tensor-core figure of an H100/H200 SXM
+    (989 TFLOP/s, NVIDIA's datasheet) and ``mfu`` is assumed against it (nanoGPT and modded-nanogpt report
+    0.3-0.5 at GPT-2 small scale with ``torch.compile``). A run's MFU is against another peak: the bf16
+    matmul peak it measures (``runners.peak``, below the datasheet's), so it reads higher for the same speed;
+    ``run_mfu`` converts, and ``benchmarks/gpu_check.py`` prints both for your GPU. ``compile_s``: each trial
+    is a new schedule, compiled cold (``runners.proxy.compile_model`` empties Dynamo's caches); assumed,
+    since no GPU has measured it here: Dynamo's trace and AOT autograd alone of a GPT-2 small schedule took
+    22 s on one thread of a 2-core AMD EPYC (shared with a background benchmark; the ``aot_eager`` backend),
+    and Inductor's Triton code generation comes on top, on the worker's 4 compile threads; gpu_check times it
+    (``compile_s``). ``seed_sd`` is the full-scale seed noise the resolution estimate starts from:
+    modded-nanogpt's repeated GPT-2 small runs reported a standard deviation of about 0.002 nats of the final
+    validation loss. A 100M-token trial is shorter and likely noisier: measure it with
+    ``benchmarks/proxy_fidelity.py`` on the GPU before trusting the estimate.
     """
 
     peak_flops: float = 989e12
     mfu: float = 0.40
+    compile_s: float = 90.0
     seed_sd: float = 0.002
 
+    @property
+    def achieved_flops(self) -> float:
+        return self.peak_flops * self.mfu
+
+    def run_mfu(self, measured_peak: float) -> float:
+        """The MFU a run would print at this estimate's speed: against the matmul peak it measured."""
+        return self.achieved_flops / measured_peak
+
     def tokens_per_s(self, arch: ArchConfig, train: TrainConfig) -> float:
-        return self.peak_flops * self.mfu / arch.flops_per_token(train.seq_len)
+        return self.achieved_flops / arch.flops_per_token(train.seq_len)
 
     def minutes_per_trial(self, arch: ArchConfig, train: TrainConfig) -> float:
-        return train.tokens / self.tokens_per_s(arch, train) / 60
+        return (train.tokens / self.tokens_per_s(arch, train) + self.compile_s) / 60
 
 
 @dataclass(frozen=True)
@@ -50,6 +68,14 @@ class Preset:
     baseline: ArchConfig  # the uniform-head, conventional-FFN shape the spaces are built around
     train: TrainConfig
     gpu: GpuEstimate | None = None  # for GPU proxy presets: what a trial costs (``nas presets`` prints it)
+    space: tuple[tuple[str, Any], ...] = ()  # space options this preset sets when the command line does not
+
+    def space_options(self, opts: SpaceOptions) -> SpaceOptions:
+        """``opts`` with this preset's space defaults filled in where the user gave none (and where the space
+        takes the option: a Prism option is not given to the hourglass space)."""
+        foreign = HOURGLASS_ONLY if opts.space == "prism" else PRISM_ONLY if opts.space == "hourglass" else ()
+        filled = {k: v for k, v in self.space if k not in foreign and getattr(opts, k) is None}
+        return replace(opts, **filled) if filled else opts
 
 
 _CPU_TRAIN = TrainConfig(tokens=32_768, batch_size=4, seq_len=128, lr=1e-2, warmup_frac=0.05,
@@ -60,6 +86,10 @@ _GPU_TRAIN = TrainConfig(batch_size=32, seq_len=1024, lr=6e-4, warmup_frac=0.02,
 # a search's trial on one GPU: 100M tokens (minutes at GPT-2 small scale), five pruning points, compiled
 _GPU_PROXY_TRAIN = _GPU_TRAIN.with_(tokens=100_000_000, eval_every=20_971_520, prune_eval_tokens=262_144,
                                     warmup_frac=0.05, lr=1.5e-3, compile=True)
+# head dims above 256 (1 or 2 heads at d768) get no FlashAttention kernel: SDPA falls back to the memory-efficient
+# one (runners.device.sdpa_kernel), and tokens/s would differ for kernel reasons, not the schedule's; keeping them out
+# leaves 53 of the 129 Prism schedules (--max-head-dim 768 keeps all)
+_GPU_SPACE = (("max_head_dim", 256),)
 
 PRESETS: dict[str, Preset] = {p.name: p for p in (
     Preset("cpu", "GPT-2 small structure (12 layers x 12 heads) at width 96, bytes, 32k tokens/trial: "
@@ -69,12 +99,13 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
     # shape ended 2.36 and 2.93; at 3e-3 the same two ended 2.10 and 2.19 (benchmarks/reference_panel.py)
     Preset("cpu-long", "the cpu shape trained 8x longer (256k tokens/trial, lr 3e-3): the reference panel's setup",
            uniform(12, 96, 12, 256), _CPU_TRAIN.with_(tokens=262_144, eval_every=65_536, lr=3e-3)),
-    Preset("gpu-prism", "GPT-2 small's structure (L12 d768 h12, V50304, SwiGLU 2048: the 129 Prism schedules) "
-           "as a GPU proxy: 100M tokens/trial, bf16, compiled; FineWeb .bin shards via --data",
-           uniform(12, 768, 12, 50304, FFNShape(1, 2048)), _GPU_PROXY_TRAIN, GpuEstimate()),
+    Preset("gpu-prism", "GPT-2 small's structure (L12 d768 h12, V50304, SwiGLU 2048: 53 of the 129 Prism "
+           "schedules, head dims <= 256) as a GPU proxy: 100M tokens/trial, bf16, compiled; FineWeb .bin shards "
+           "via --data",
+           uniform(12, 768, 12, 50304, FFNShape(1, 2048)), _GPU_PROXY_TRAIN, GpuEstimate(), _GPU_SPACE),
     Preset("gpu-hourglass", "the Hourglass paper's 113M LLaMA-style base (L12 d768 h12, V32000, SwiGLU 2176) as "
            "a GPU proxy: 100M tokens/trial, bf16, compiled",
-           uniform(12, 768, 12, 32000, FFNShape(1, 2176)), _GPU_PROXY_TRAIN, GpuEstimate()),
+           uniform(12, 768, 12, 32000, FFNShape(1, 2176)), _GPU_PROXY_TRAIN, GpuEstimate(), _GPU_SPACE),
     Preset("tiny", "4 layers x 4 heads at width 32, 4k tokens: seconds per trial, for tests and smoke runs",
            uniform(4, 32, 4, 256), TrainConfig(tokens=4_096, batch_size=4, seq_len=32, lr=1e-2,
                                                eval_every=1_024, eval_tokens=512, attention_batches=1)),

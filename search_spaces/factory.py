@@ -21,7 +21,7 @@ from search_spaces.prism import PrismSpace
 DEFAULT_BASELINE = uniform(n_layers=12, d_model=96, n_heads=12, vocab_size=256)
 
 SPACES = ("prism", "hourglass", "joint")
-PRISM_ONLY = ("min_plateau", "max_plateau", "min_baseline", "hw_aligned", "min_head_dim")
+PRISM_ONLY = ("min_plateau", "max_plateau", "min_baseline", "hw_aligned", "min_head_dim", "max_head_dim")
 HOURGLASS_ONLY = ("budget", "k_values", "layer_values", "ratio_values", "head_dim", "tolerance",
                   "ratio_tolerance", "fix", "hidden_multiple")
 
@@ -44,6 +44,7 @@ class SpaceOptions:
     min_baseline: int | None = None  # ceil(L/2)
     hw_aligned: bool | None = None  # False
     min_head_dim: int | None = None
+    max_head_dim: int | None = None  # none (the GPU presets: 256, FlashAttention's largest)
     # hourglass (also joint)
     budget: int | None = None  # parameters; None: the baseline shape's count
     k_values: tuple[int, ...] | None = None  # (1, 2, 4, 6, 8)

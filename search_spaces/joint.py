@@ -43,10 +43,12 @@ class JointSpace(SearchSpace):
         min_baseline: int | None = None,  # None: ceil(L/2) of each member's own L
         hw_aligned: bool = False,
         min_head_dim: int | None = None,
+        max_head_dim: int | None = None,
     ) -> None:
         self.hourglass = hourglass
         self.prism_options = {"min_plateau": min_plateau, "max_plateau": max_plateau, "min_baseline": min_baseline,
-                                  "hw_aligned": hw_aligned, "min_head_dim": min_head_dim}
+                                  "hw_aligned": hw_aligned, "min_head_dim": min_head_dim,
+                                  "max_head_dim": max_head_dim}
         _ = self._prisms  # build every width now, so bad Prism options fail at construction
 
     @cached_property
@@ -109,7 +111,9 @@ class JointSpace(SearchSpace):
                 **self._prisms[shape.key()].schedule_params(arch.heads, resolution=self._caps[2])}
 
     def describe(self) -> dict[str, Any]:
-        return {**self.hourglass.describe(), **self.prism_options, "space": self.name}
+        # max_head_dim only when set: the description is part of a study's identity, and older studies have none
+        options = {k: v for k, v in self.prism_options.items() if k != "max_head_dim" or v is not None}
+        return {**self.hourglass.describe(), **options, "space": self.name}
 
     def row(self, arch: ArchConfig) -> dict[str, Any]:
         shape = self._uniform(arch)

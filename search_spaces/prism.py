@@ -5,8 +5,10 @@ grid search found staircases that keep a head dim 2-4 layers and the baseline co
 Exact validity rule (ours), defaults in brackets:
 
 - allowed head counts are the divisors ``h`` of ``d_model`` with ``h <= h_base``; the ones below
-  ``h_base`` may be restricted to power-of-two head dims ``d_model / h`` (``hw_aligned``) and to
-  ``d_model / h >= min_head_dim``; ``h_base`` itself is always allowed (the baseline is a member);
+  ``h_base`` may be restricted to power-of-two head dims ``d_model / h`` (``hw_aligned``), to
+  ``d_model / h >= min_head_dim`` and to ``d_model / h <= max_head_dim`` (256: the head dims
+  FlashAttention takes, the GPU presets' default); ``h_base`` itself is always allowed (the
+  baseline is a member);
 - a schedule splits into maximal runs of equal head count, its *plateaus*;
 - the last plateau has ``h_base`` heads and at least ``min_baseline`` [ceil(L/2)] layers;
 - every other plateau has ``min_plateau..max_plateau`` [2..4] layers; head counts strictly
@@ -88,6 +90,7 @@ class PrismSpace(SearchSpace):
         min_baseline: int | None = None,  # None: ceil(L/2), the paper's "baseline preservation"
         hw_aligned: bool = False,  # head dims below the baseline's must be powers of two (tensor-core tiles)
         min_head_dim: int | None = None,
+        max_head_dim: int | None = None,  # e.g. 256: no layer above FlashAttention's largest head dim
         vocab_size: int = 256,  # byte-level data
         tie_embeddings: bool = True,
         ffn: FFNShape | None = None,  # None: the conventional LLaMA FFN of this d_model
@@ -104,10 +107,12 @@ class PrismSpace(SearchSpace):
             raise UsageError(f"min_baseline={min_baseline!r} is invalid for layers={layers}: choose 1..{layers}")
         if min_head_dim is not None:
             check_positive("min_head_dim", min_head_dim)
+        if max_head_dim is not None:
+            check_positive("max_head_dim", max_head_dim)
         check_positive("vocab_size", vocab_size, maximum=MAX_VOCAB)
         self.layers, self.d_model, self.h_base = layers, d_model, heads
         self.min_plateau, self.max_plateau, self.min_baseline = min_plateau, max_plateau, min_baseline
-        self.hw_aligned, self.min_head_dim = bool(hw_aligned), min_head_dim
+        self.hw_aligned, self.min_head_dim, self.max_head_dim = bool(hw_aligned), min_head_dim, max_head_dim
         self.vocab_size, self.tie_embeddings = vocab_size, bool(tie_embeddings)
         self.ffn = ffn or FFNShape(k=1, hidden=llama_ffn_hidden(d_model))
         self.candidates: tuple[int, ...] = tuple(
@@ -122,6 +127,8 @@ class PrismSpace(SearchSpace):
             return f"{h} heads gives head dim {head_dim}, not a power of two (hw_aligned)"
         if self.min_head_dim is not None and head_dim < self.min_head_dim:
             return f"{h} heads gives head dim {head_dim} < min_head_dim={self.min_head_dim}"
+        if self.max_head_dim is not None and head_dim > self.max_head_dim:
+            return f"{h} heads gives head dim {head_dim} > max_head_dim={self.max_head_dim}"
         return None
 
     # ----------------------------------------------------------------- members
@@ -296,10 +303,12 @@ class PrismSpace(SearchSpace):
 
     # ----------------------------------------------------------------- description
     def describe(self) -> dict[str, Any]:
+        # max_head_dim only when set: the description is part of a study's identity, and older studies have none
         return {
             "space": self.name, "layers": self.layers, "d_model": self.d_model, "heads": self.h_base,
             "min_plateau": self.min_plateau, "max_plateau": self.max_plateau, "min_baseline": self.min_baseline,
             "hw_aligned": self.hw_aligned, "min_head_dim": self.min_head_dim,
+            **({"max_head_dim": self.max_head_dim} if self.max_head_dim is not None else {}),
             "vocab_size": self.vocab_size, "tie_embeddings": self.tie_embeddings,
             "ffn": {"k": self.ffn.k, "hidden": self.ffn.hidden}, "candidates": list(self.candidates),
             "parametrization": PARAMETRIZATION,

@@ -53,6 +53,9 @@ MinBaselineOpt = Annotated[int | None, typer.Option("--min-baseline", help=f"{_P
 HWAlignedOpt = Annotated[bool, typer.Option("--hw-aligned", help=f"{_P}: only power-of-two head dims below h_base.")]
 MinHeadDimOpt = Annotated[int | None, typer.Option("--min-head-dim", help=f"{_P}: smallest head dim allowed.",
                                                       show_default=False)]
+MaxHeadDimOpt = Annotated[int | None, typer.Option("--max-head-dim", help=f"{_P}: largest head dim allowed (the "
+                                                      "GPU presets: 256, FlashAttention's largest).",
+                                                      show_default=False)]
 BudgetOpt = Annotated[str | None, typer.Option("--budget", help=f"{_H}: parameter budget, e.g. 113M, 1.2B "
                                                   "(default the baseline's count).", show_default=False)]
 KValuesOpt = Annotated[str | None, typer.Option("--k-values", help=f"{_H}: FFN stack depths K, comma-separated "
@@ -83,6 +86,7 @@ SPACE_PARAMETERS: dict[str, tuple[Any, Any]] = {
     "heads": (HeadsOpt, None), "vocab": (VocabOpt, None), "tie_embeddings": (TieOpt, None),
     "ffn_hidden": (FFNHiddenOpt, None), "min_plateau": (MinPlateauOpt, None), "max_plateau": (MaxPlateauOpt, None),
     "min_baseline": (MinBaselineOpt, None), "hw_aligned": (HWAlignedOpt, False), "min_head_dim": (MinHeadDimOpt, None),
+    "max_head_dim": (MaxHeadDimOpt, None),
     "budget": (BudgetOpt, None), "k_values": (KValuesOpt, None), "layer_values": (LayerValuesOpt, None),
     "ratio_values": (RatioValuesOpt, None), "head_dim": (HeadDimOpt, None), "tolerance": (ToleranceOpt, None),
     "ratio_tolerance": (RatioToleranceOpt, None), "fix": (FixOpt, None), "hidden_multiple": (HiddenMultipleOpt, None),

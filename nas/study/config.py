@@ -96,4 +96,4 @@ def precheck(config: SearchConfig) -> None:
 
         resolve_device(train.device)
     if config.data == "builtin":
-        build_space(config.space, defaults=preset.baseline.replace(vocab_size=256))
+        build_space(preset.space_options(config.space), defaults=preset.baseline.replace(vocab_size=256))

@@ -58,7 +58,8 @@ def default_identity(config: SearchConfig, data: TokenData) -> dict[str, Any] | 
     preset = get_preset(config.preset)
     default = SearchConfig(space=SpaceOptions(space=config.space.space), preset=config.preset, data=config.data,
                            storage=config.storage, workers=config.workers)
-    space = build_space(default.space, defaults=preset.baseline.replace(vocab_size=data.vocab_size))
+    space = build_space(preset.space_options(default.space),
+                        defaults=preset.baseline.replace(vocab_size=data.vocab_size))
     return identity(default, space, train_config(default), data)
 
 

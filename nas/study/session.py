@@ -135,7 +135,8 @@ def open_search(config: SearchConfig, worker: int = 0, create: bool = True) -> S
     train = train_config(config)
     data = load_data(config.data, cache_dir=config.cache_dir)
     check_enough_tokens(data, train.batch_size, train.seq_len)  # before the storage is touched
-    space = build_space(config.space, defaults=preset.baseline.replace(vocab_size=data.vocab_size))
+    space = build_space(preset.space_options(config.space),
+                        defaults=preset.baseline.replace(vocab_size=data.vocab_size))
     ident = identity(config, space, train, data)
     name = study_name(config, space, train, data)
     config = replace(config, study_name=name)
