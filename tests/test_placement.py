@@ -98,7 +98,7 @@ def test_the_slurm_recipe_runs_a_nas_search_whose_options_the_cli_accepts():
     from nas.cli import app
 
     script = (Path(__file__).resolve().parents[1] / "examples" / "slurm" / "nas-search.sbatch").read_text()
-    command = re.search(r"^srun (nas search .*?)$", script.replace("\\\n", " "), re.M).group(1)
+    command = re.search(r"^srun --cpus-per-task=\S+ +(nas search .*?)$", script.replace("\\\n", " "), re.M).group(1)
     command = command.replace('"$NAS_DATA"', "builtin").replace('"$NAS_STORAGE"', "postgresql://u:p@db:5432/nas")
     args = shlex.split(command)[1:]
     assert "--workers" in args and args[args.index("--workers") + 1] == "auto"

@@ -9,7 +9,14 @@ worker process (``apply_placement``), before anything there initialises CUDA:
   gets its ``i mod n``-th entry). Threads: ``GPU_WORKER_THREADS`` each (a GPU worker's CPU work
   is the data loader and the Python loop; ``cores / N`` threads would only contend);
 - ``--device cuda:K``: every worker on device ``K``, as given;
+- MIG: an inherited ``CUDA_VISIBLE_DEVICES`` of ``MIG-...`` UUIDs is one device per UUID. A CUDA
+  process enumerates one MIG instance only (NVIDIA's MIG user guide, "CUDA device enumeration"),
+  so torch counts 1 whatever the list holds; ``gpu_count`` counts the UUIDs, and each worker sees
+  its own (``--workers auto``: one per UUID; ``--workers 7`` on 7 slices: one each, not all on the first);
 - CPU: ``cores / N`` threads each (``--threads`` overrides it either way).
+
+The runners set the threads on every device (``runners.device.configure_threads``) and cap
+Inductor's compile workers at them, so 8 GPU workers on one node use 8 x 4 cores, not 8 x all.
 
 ``--workers auto`` is one worker per visible GPU on a GPU machine, and on a CPU one worker per
 core with one thread each: on 2 cores two 1-thread workers trained 1.20x the trials per minute
@@ -38,11 +45,26 @@ class Placement:
     env: dict[str, str] = field(default_factory=dict)  # set in the worker before CUDA is initialised
 
 
+def mig_devices(visible: str | None) -> list[str]:
+    """The MIG instances an inherited ``CUDA_VISIBLE_DEVICES`` lists (``MIG-<uuid>`` or the older
+    ``MIG-GPU-<uuid>/<gi>/<ci>``), in order; empty when it lists whole GPUs or nothing."""
+    ids = [v.strip() for v in (visible or "").split(",") if v.strip()]
+    return ids if ids and all(v.startswith("MIG-") for v in ids) else []
+
+
+def usable_gpus(torch_count: int, visible: str | None) -> int:
+    """Devices the workers may use, from torch's count in this process and the inherited ``CUDA_VISIBLE_DEVICES``:
+    torch's count, or, when the list holds MIG instances, their number (this process sees only the first of them;
+    each worker will see its own)."""
+    return (len(mig_devices(visible)) or torch_count) if torch_count else 0
+
+
 def gpu_count() -> int:
-    """GPUs this process may use (``torch.cuda.device_count`` honours ``CUDA_VISIBLE_DEVICES``)."""
+    """GPUs (or MIG instances) this process's workers may use (``usable_gpus`` of torch's count)."""
     import torch
 
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return usable_gpus(count, os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 
 def cpu_cores() -> int:
@@ -79,13 +101,27 @@ def plan_placements(workers: int, device: str, n_gpus: int, cores: int, threads:
         raise UsageError("--device cuda: this machine has no visible GPU; use --device cpu or auto")
     if device == "cuda" or (device == "auto" and n_gpus > 0):
         ids = [v.strip() for v in visible.split(",") if v.strip()] if visible else [str(i) for i in range(n_gpus)]
-        ids = ids[:n_gpus] or [str(i) for i in range(n_gpus)]
+        # a list of MIG instances is dealt out whole: torch's count for it is 1 (one instance per process)
+        ids = mig_devices(visible) or ids[:n_gpus] or [str(i) for i in range(n_gpus)]
         if workers == 1:  # one worker keeps the whole machine's view, as a plain `nas search --device cuda`
             return [Placement(0, "cuda", f"cuda:{ids[0]}", per_gpu_worker)]
-        return [Placement(w, "cuda", f"cuda:{ids[w % len(ids)]}", per_gpu_worker,
+        return [Placement(w, "cuda", ids[w % len(ids)] if ids[w % len(ids)].startswith("MIG-")
+                          else f"cuda:{ids[w % len(ids)]}", per_gpu_worker,
                           {"CUDA_VISIBLE_DEVICES": ids[w % len(ids)]}) for w in range(workers)]
     label = "cpu" if device in ("auto", "cpu") else device
     return [Placement(w, device, label, per_cpu_worker) for w in range(workers)]
+
+
+def database_connections(nodes: int, workers_per_node: int, readers: int = 0) -> int:
+    """Connections a multi-node search holds at once on a server database (PostgreSQL's ``max_connections``).
+
+    Each worker process holds two: Optuna's ``RDBStorage`` gives every thread its own session, and a worker's
+    main thread (asking, telling, reading the study) and its heartbeat thread (``nas.study.heartbeat``) both
+    use the storage. The parent of ``--workers N`` holds one more (it opened the study and reads it for the
+    progress line); each reader (``nas report``, ``nas best``, optuna-dashboard) one.
+    """
+    per_node = 2 * workers_per_node + (1 if workers_per_node > 1 else 0)
+    return nodes * per_node + readers
 
 
 def apply_placement(placement: Placement) -> None:
