@@ -33,7 +33,8 @@ def rerun(
     = Path("runs"),
     device: Annotated[str | None, typer.Option("--device", help="auto, cpu, cuda or mps (default the "
                                                "preset's).", show_default=False)] = None,
-    compile: Annotated[bool, typer.Option("--compile/--no-compile", help="torch.compile each run.")] = False,
+    compile: Annotated[bool | None, typer.Option("--compile/--no-compile", help="torch.compile each run "
+                                                 "(default: on a GPU, not on a CPU).", show_default=False)] = None,
     micro_batch: Annotated[int, typer.Option("--micro-batch", help="Sequences per forward per process (0: its "
                                              "whole share of the global batch).")] = 0,
     checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", help="Steps between checkpoints (0: "
@@ -64,10 +65,13 @@ def rerun(
     budget = parse_size(tokens, "--tokens") if tokens is not None else None
     given = {"tokens": budget, "device": device}
     target.train.with_(**{name: value for name, value in given.items() if value is not None})  # checks them
-    if device not in (None, "auto", "cpu"):
-        from runners.device import resolve_device
+    from runners.device import compiles_by_default, resolve_device
 
+    if device not in (None, "auto", "cpu"):
         resolve_device(device)
+    if compile is None:  # by default on a GPU: where the runs will train
+        name = device or target.train.device
+        compile = name.startswith("cuda") or compiles_by_default(resolve_device(name))
     from nas.data import load_data
 
     dataset = load_data(data)  # a bad --data is refused here, not by the first run's process

@@ -36,8 +36,9 @@ def train(
     micro_batch: Annotated[int, typer.Option("--micro-batch", help="Sequences per forward on each process "
                                              "(0: its whole share of the global batch); gradients accumulate "
                                              "to the preset's global batch.")] = 0,
-    compile: Annotated[bool, typer.Option("--compile/--no-compile", help="torch.compile the model (its "
-                                          "plain-PyTorch ops).")] = False,
+    compile: Annotated[bool | None, typer.Option("--compile/--no-compile", help="torch.compile the model (its "
+                                                 "plain-PyTorch ops); default: on a GPU, not on a CPU.",
+                                                 show_default=False)] = None,
     threads: Annotated[int, typer.Option("--threads", help="Torch threads per process (0: the cores / "
                                          "processes).")] = 0,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Also write the result JSON here "
@@ -53,10 +54,15 @@ def train(
                                                           ("--micro-batch", micro_batch), ("--threads", threads))
                    if value < 0)
         raise UsageError(f"{bad} is invalid: give 0 or a positive number")
-    overrides = {"seed": seed, "compile": compile, "threads": threads,
+    overrides = {"seed": seed, "threads": threads,
                  **({"tokens": parse_size(tokens, "--tokens")} if tokens is not None else {}),
                  **({"device": device} if device is not None else {})}
     cfg = get_preset(preset).train.with_(**overrides)
+    if compile is None:
+        from runners.device import compiles_by_default, resolve_device
+
+        compile = compiles_by_default(resolve_device(cfg.device))
+    cfg = cfg.with_(compile=compile)
 
     from nas.data import load_data
     from runners.full import RunOptions, run_full
