@@ -132,19 +132,6 @@ def test_the_reference_panel_and_the_proxy_fidelity_figure_run_end_to_end(tmp_pa
                                                               "extrapolated"}
 
 
-def test_the_prepared_gpu_check_runs_its_code_on_the_cpu_with_smoke(tmp_path, nas_cache) -> None:
-    """What a lent GPU machine runs: the timed steps, a 2-worker search placed on the devices, the out-of-memory
-    halving (injected on the CPU); ``--no-compile`` here, the compile path has its own test."""
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--smoke", "--device", "cpu", "--no-compile",
-                           "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "NAS_CACHE": nas_cache})
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    report = json.loads((tmp_path / "gpu_check.json").read_text())
-    assert report["search"]["status"] == "ok" and report["search"]["trials"] == 4, report["search"]
-    assert report["search"]["placed_on"] == ["cpu"]
-    assert report["oom_halving"]["status"] == "ok" and report["oom_halving"]["micro_batch"] == 2, report["oom_halving"]
-
-
 def test_the_docs_plots_of_figures_10_11_and_12_draw_every_recorded_row() -> None:
     """``benchmarks/plots.py`` draws the recorded data (``docs/make_images.py`` renders it): one point per row."""
     import json
