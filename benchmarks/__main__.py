@@ -19,6 +19,7 @@ import traceback
 from benchmarks import FIGURES, LONG
 from benchmarks.harness import BenchConfig, Figure, machine_info, reexec_with_env, set_threads, verdict, write_outputs
 from nas.errors import UsageError
+from nas.files import OutputFile, output_folder
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -62,6 +63,14 @@ def check_requirements(chosen: list[tuple[int, str]]) -> None:
                              f"pip install -e '.[bench]' (or leave it out: --only {others})")
 
 
+def check_out_folder(out: str) -> None:
+    """``--out`` is a folder that exists or can be made, and its two files can be written (``UsageError``)."""
+    folder = output_folder(out, "--out")
+    for name in ("benchmarks.md", "benchmarks.json"):
+        if (folder / name).exists():
+            OutputFile.of(folder / name, "--out")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
@@ -71,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.threads < 0 or args.device not in ("cpu", "cuda"):
             raise UsageError(f"--threads {args.threads} / --device {args.device!r} is invalid: threads >= 0 "
                              "(0 = every usable core), device cpu or cuda")
+        check_out_folder(args.out)  # before the first figure runs, not after it
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

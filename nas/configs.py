@@ -14,25 +14,28 @@ from typing import Any
 
 from nas.arch import ArchConfig
 from nas.errors import UsageError
+from nas.files import check_input, read_bytes, show
+
+MAX_JSON_BYTES = 64 * 2**20  # a leaderboard of thousands of rows is a few MB; more is no shape file
 
 
 def read_json_file(path: str | Path, what: str = "--config") -> Any:
     """The parsed JSON of ``path``; one-line ``UsageError`` naming the file when it is missing or not JSON."""
-    path = Path(path)
-    if not path.is_file():
-        raise UsageError(f"{what} {str(path)!r} does not exist" if not path.exists() else
-                         f"{what} {str(path)!r} is not a file")
+    path = check_input(path, what)
+    if path.stat().st_size > MAX_JSON_BYTES:
+        raise UsageError(f"{what} {show(path)} holds {path.stat().st_size:,} bytes: a shape file is a few kB "
+                         f"(at most {MAX_JSON_BYTES:,})")
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise UsageError(f"{what} {str(path)!r} cannot be read: {error}") from None
+        text = read_bytes(path, what).decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise UsageError(f"{what} {show(path)} is not UTF-8 text: {error.reason} at byte {error.start}") from None
     try:
         return json.loads(text, parse_constant=_refuse_constant)
     except json.JSONDecodeError as error:
-        raise UsageError(f"{what} {str(path)!r} is not JSON: {error.msg} at line {error.lineno} "
+        raise UsageError(f"{what} {show(path)} is not JSON: {error.msg} at line {error.lineno} "
                          f"column {error.colno}") from None
-    except ValueError as error:
-        raise UsageError(f"{what} {str(path)!r}: {error}") from None
+    except (ValueError, RecursionError) as error:
+        raise UsageError(f"{what} {show(path)}: {error}") from None
 
 
 def _refuse_constant(name: str) -> float:
@@ -99,4 +102,4 @@ def _check_numbers(data: dict[str, Any], source: str) -> None:
 
 def read_arch_config(path: str | Path, rank: int | None = None, what: str = "--config") -> ArchConfig:
     """The shape in the JSON file ``path`` (see the module docstring)."""
-    return arch_from_json(read_json_file(path, what), f"{what} {str(path)!r}", rank)
+    return arch_from_json(read_json_file(path, what), f"{what} {show(path)}", rank)

@@ -1,4 +1,32 @@
-"""The error types the CLI turns into one line: ``UsageError`` (exit code 2) and ``SearchAborted`` (exit code 1)."""
+"""The error types the CLI turns into one line: ``UsageError`` (exit code 2) and ``SearchAborted`` (exit code 1).
+
+``printable`` shows a name from the user or the storage (a study name, a label) safely in a message or table.
+"""
+
+import unicodedata
+
+UNPRINTABLE = ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp")  # controls, format marks, surrogates (bad UTF-8)...
+
+
+def _escaped(char: str) -> str:
+    if 0xDC80 <= ord(char) <= 0xDCFF:  # a byte that was not UTF-8, as Python carries it (surrogateescape)
+        return f"\\x{ord(char) - 0xDC00:02x}"
+    if unicodedata.category(char) in UNPRINTABLE or char in "'\\":
+        return char.encode("unicode_escape").decode("ascii") if char not in "'\\" else "\\" + char
+    return char
+
+
+def quoted(text: str) -> str:
+    """``text`` in single quotes with everything that would not print as itself escaped (``'a\\x1b[31m'``,
+    ``'b\\xff'`` for a byte that was not UTF-8): what a message shows of a name or path."""
+    return "'" + "".join(_escaped(c) for c in text) + "'"
+
+
+def printable(text: str) -> str:
+    """``text`` itself when every character prints as itself, else ``quoted(text)``."""
+    if all(unicodedata.category(c) not in UNPRINTABLE for c in text):
+        return text
+    return quoted(text)
 
 
 class UsageError(ValueError):

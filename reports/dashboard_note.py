@@ -8,6 +8,7 @@ gain over the baseline, and the tied set. ``NoteRefresher`` writes it from the s
 
 from __future__ import annotations
 
+import shlex
 import time
 
 import optuna
@@ -27,7 +28,7 @@ def note_text(data: StudyData, top: int = NOTE_ROWS) -> str:
              "Ranked by expected gain (the paired gain over the baseline on shared seeds, shrunk by what the "
              "shape's number of seeds supports: one lucky seed does not top the board); "
              "the dashboard's own *best trial* is one seed, not a shape. "
-             f"`nas report --study-name {data.name}` draws the whole picture.", ""]
+             f"`nas report --study-name {shlex.quote(data.name)}` draws the whole picture.", ""]
     if data.board.empty:
         return "\n".join(lines)
     lines += ["| rank | shape | seeds | expected gain [95 %] | adj. loss | mean loss | ± ci95 | paired gain vs "

@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import nas
+from nas.files import OutputFile
 from reports.attention import attention_section
 from reports.curves import curves_section
 from reports.dynamics import dynamics_section
@@ -90,12 +91,13 @@ def build_report(data: StudyData, top: int = 10, plotlyjs: str = "inline") -> st
                        f"prism-nas {nas.__version__}, made {made} from {len(data.trials)} trials.")
 
 
-def write_report(data: StudyData, path: str | Path, top: int = 10, plotlyjs: str = "inline") -> tuple[Path, float]:
-    """Write the page to ``path`` (through a temporary file, so a reader never sees half a page); (path, seconds)."""
+def write_report(data: StudyData, path: str | Path | OutputFile, top: int = 10,
+                 plotlyjs: str = "inline") -> tuple[Path, float]:
+    """Write the page to ``path`` (``nas.files.OutputFile``: checked first, then a temporary file and an atomic
+    rename, so a reader never sees half a page and a failed write leaves nothing); (path, seconds)."""
     started = time.perf_counter()
+    target = path if isinstance(path, OutputFile) else OutputFile.of(path, "report file")
     page = build_report(data, top, plotlyjs)
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(page, encoding="utf-8")
-    tmp.replace(path)
-    return path, time.perf_counter() - started
+    target.write(page)
+    assert target.path is not None
+    return target.path, time.perf_counter() - started

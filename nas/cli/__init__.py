@@ -6,6 +6,7 @@ mistyped option are answered at once.
 """
 
 from nas.cli.app import app
+from nas.cli.streams import guard_standard_streams
 
 # isort: off
 from nas.cli import search, results, runs, rerun, tools, space  # noqa: F401  (registers the commands, in --help order)
@@ -16,6 +17,7 @@ app.add_typer(space.space_app, name="space")
 
 def main() -> None:
     """The ``nas`` console script."""
+    guard_standard_streams()
     app()
 
 

@@ -15,7 +15,9 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
+from nas.cli.streams import flush_stdout, silence_stdout
 from nas.errors import UsageError
+from nas.files import OutputClosed
 
 USAGE_EXIT_CODE = 2
 
@@ -35,6 +37,12 @@ class OneLineErrors(TyperGroup):
             # non-standalone: exceptions come back to us, and an Exit(n) comes back as its code n
             code = super().main(args=args, prog_name=prog_name, complete_var=complete_var, standalone_mode=False,
                                 **extra)
+            flush_stdout()
+        except OutputClosed as error:
+            silence_stdout()
+            if not error.quiet:
+                print_error(str(error))
+            code = 1
         except UsageError as error:
             print_error(str(error))
             code = USAGE_EXIT_CODE

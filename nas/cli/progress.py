@@ -47,6 +47,7 @@ class Progress:
         self.first_counted: int | None = None
         self.walls: list[float] = []  # wall times of this run's trainings, until the estimate is printed
         self.estimated = False
+        self.notes_shown = 0  # the search's notes already printed (at the start: a resumed study's policy)
 
     def start(self, search: Search) -> None:
         c = search.config
@@ -60,6 +61,9 @@ class Progress:
                    f"({mode}); preset {c.preset} ({search.train.tokens} tokens/trial, {search.train.device}); "
                    f"data {search.data.name} ({len(search.data.train)} train tokens); target {c.trials} trials; "
                    f"{placement_text(search.placements)}; " + self._stored_estimate(search))
+        for note in search.notes:
+            self.print(f"note: {note}")
+        self.notes_shown = len(search.notes)
 
     def _stored_estimate(self, search: Search) -> str:
         """The time left from the study's own stored trials (a resumed study), else when it will be estimated."""

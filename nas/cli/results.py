@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Annotated
 
@@ -11,7 +10,8 @@ import typer
 
 from nas.cli.app import app
 from nas.cli.options import StorageOpt, StudyOpt, TableOrJson, choices
-from nas.errors import UsageError
+from nas.errors import UsageError, printable
+from nas.files import OutputFile
 from nas.study.config import DEFAULT_STORAGE, display_url
 
 if TYPE_CHECKING:
@@ -32,12 +32,16 @@ def warn_skipped(data: StudyData) -> None:
 def studies(storage: StorageOpt = DEFAULT_STORAGE) -> None:
     """List the storage's studies: which are shape searches (what `nas best`, `nas report` and `nas export` read),
     which hold full-scale re-runs, and which another tool made."""
-    from nas.study.storage import list_studies, make_storage
+    from nas.study.storage import EmptyStorage, list_studies, make_storage
 
-    listed = list_studies(make_storage(storage, read_only=True))
+    try:
+        listed = list_studies(make_storage(storage, read_only=True))
+    except EmptyStorage:
+        listed = []
     if not listed:
         typer.echo(f"{display_url(storage)} holds no study yet")
         return
+    listed = [(printable(name), kind, n) for name, kind, n in listed]
     width = max(len(name) for name, _, _ in listed)
     typer.echo(f"{'study':<{width}}  {'trials':>6}  kind")
     for name, kind, n in listed:
@@ -97,7 +101,7 @@ def best(
 def report(
     study_name: StudyOpt = None,
     storage: StorageOpt = DEFAULT_STORAGE,
-    output: Annotated[Path, typer.Option("-o", "--output", help="The HTML file to write.")] = Path("report.html"),
+    output: Annotated[str, typer.Option("-o", "--output", help="The HTML file to write.")] = "report.html",
     top: TopOpt = 10,
     plotlyjs: Annotated[PlotlyJs, typer.Option("--plotlyjs", help="inline: plotly.js embedded once, the page opens "
                                                "with no network (~5 MB); cdn: a small file that loads it from "
@@ -112,17 +116,11 @@ def report(
 
     if top < 1:
         raise UsageError(f"--top {top} is invalid: give at least 1")
-    if output.exists() and output.is_dir():
-        raise UsageError(f"-o {str(output)!r} is a directory: give a file name such as report.html")
-    if not output.parent.exists():
-        raise UsageError(f"-o {str(output)!r}: its folder {str(output.parent)!r} does not exist")
+    target = OutputFile.of(output, "-o")  # checked before the study is read: a bad target costs nothing
     study, store = open_existing_study(storage, study_name)
     data = read_study(study, read_reruns(store, study.study_name))
     warn_skipped(data)
-    try:
-        path, seconds = write_report(data, output, top, plotlyjs.value)
-    except OSError as error:
-        raise UsageError(f"cannot write -o {str(output)!r}: {error.strerror or error}") from None
+    path, seconds = write_report(data, target, top, plotlyjs.value)
     size = path.stat().st_size / 2**20
     typer.echo(f"wrote {path} ({size:.1f} MB, {len(data.trials)} trials, {seconds:.1f} s)", err=True)
 
@@ -132,8 +130,8 @@ def export(
     study_name: StudyOpt = None,
     storage: StorageOpt = DEFAULT_STORAGE,
     top: TopOpt = 10,
-    output: Annotated[Path | None, typer.Option("-o", "--output", help="The JSON file to write (default stdout).",
-                                                show_default=False)] = None,
+    output: Annotated[str | None, typer.Option("-o", "--output", help="The JSON file to write (default, or -: "
+                                               "standard output).", show_default=False)] = None,
     format: Annotated[ExportFormat, typer.Option("--format", help="json: the rows; hf: one shape as a Hugging "
                                                  "Face model directory -o DIR (config.json, model.safetensors, "
                                                  "its modeling code: trust_remote_code=True); llama: a stock "
@@ -165,17 +163,10 @@ def export(
 
     if top < 1:
         raise UsageError(f"--top {top} is invalid: give at least 1")
-    if output is not None and output.is_dir():
-        raise UsageError(f"-o {str(output)!r} is a directory: give a file name such as best.json")
+    target = OutputFile.of("-" if output is None else output, "-o", stdout_ok=True)
     data = read_study(load_existing_study(storage, study_name))
     warn_skipped(data)
     rows = export_rows(data, top)
-    text = json.dumps(rows, indent=2)
-    if output is None:
-        typer.echo(text)
-        return
-    try:
-        output.write_text(text + "\n")
-    except OSError as error:
-        raise UsageError(f"cannot write -o {str(output)!r}: {error.strerror or error}") from None
-    typer.echo(f"wrote {len(rows)} shapes to {output}", err=True)
+    target.write(json.dumps(rows, indent=2) + "\n")
+    if not target.is_stdout:
+        typer.echo(f"wrote {len(rows)} shapes to {target}", err=True)

@@ -11,6 +11,7 @@ import typer
 
 from nas.cli.app import app
 from nas.errors import UsageError
+from nas.files import OutputFile, output_folder
 from nas.units import parse_size
 
 
@@ -41,7 +42,7 @@ def train(
                                                  show_default=False)] = None,
     threads: Annotated[int, typer.Option("--threads", help="Torch threads per process (0: the cores / "
                                          "processes).")] = 0,
-    output: Annotated[Path | None, typer.Option("-o", "--output", help="Also write the result JSON here "
+    output: Annotated[str | None, typer.Option("-o", "--output", help="Also write the result JSON here "
                                                    "(default: stdout only).", show_default=False)] = None,
 ) -> None:
     """Train one shape at a preset and print its result as JSON; under torchrun, every process trains (DDP)."""
@@ -49,6 +50,9 @@ def train(
     from runners.presets import get_preset
 
     arch = read_arch_config(config, rank)
+    target = OutputFile.of(output, "-o") if output is not None else None  # refused now, not after the training
+    if out is not None:
+        out = output_folder(out, "--out")
     if checkpoint_every < 0 or micro_batch < 0 or threads < 0:
         bad = next(f"{flag} {value}" for flag, value in (("--checkpoint-every", checkpoint_every),
                                                           ("--micro-batch", micro_batch), ("--threads", threads))
@@ -72,8 +76,8 @@ def train(
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 speaks for the run
         return
     text = json.dumps(result, indent=2, default=str)
-    if output:
-        output.write_text(text)
+    if target is not None:
+        target.write(text + "\n")
     typer.echo(text)
     if result["status"] != "ok":
         typer.echo(f"run ended {result['status']}: {result['reason']}", err=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from typing import Annotated, Any
 
 import typer
@@ -127,13 +128,13 @@ def search(
         typer.echo("interrupted: the running trial is marked and re-queued; re-run the same command to resume",
                    err=True)
         raise typer.Exit(130) from None
-    for note in result.notes:
+    for note in result.notes[progress.notes_shown:]:
         typer.echo(f"warning: {note}", err=True)
     from reports.frame import read_study
     from reports.summary import resolution_text, summarise
 
-    name, shown = result.config.study_name, display_url(storage)
+    name, shown = shlex.quote(result.config.study_name), shlex.quote(display_url(storage))
     answer = summarise(read_study(result.study))
-    typer.echo(f"done: study {name!r} holds {trials_done(result.study)} trained trials; "
+    typer.echo(f"done: study {result.config.study_name!r} holds {trials_done(result.study)} trained trials; "
                f"{resolution_text(answer.resolution)}. Next: nas best --study-name {name} --storage {shown}; "
                f"nas report --study-name {name} --storage {shown} -o report.html", err=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import sys
 from typing import TYPE_CHECKING, Annotated
 
@@ -93,6 +94,7 @@ def dashboard(
 
     if not 0 < port < 65536:
         raise UsageError(f"--port {port} is invalid: use 1-65535")
+    check_port_free(host, port)
     store = make_storage(storage)
     typer.echo(f"optuna-dashboard for {display_url(storage)} on http://{host}:{port}/ (Ctrl-C stops)", err=True)
     if host not in LOCAL_HOSTS:
@@ -100,6 +102,25 @@ def dashboard(
                    "whoever reaches port {port} can read and edit every study in this storage".replace(
                        "{port}", str(port)), err=True)
     run_server(store, host=host, port=port)
+
+
+def check_port_free(host: str, port: int) -> None:
+    """``UsageError`` when ``host:port`` cannot be listened on (another server has it, or no such interface)."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as error:
+        raise UsageError(f"--host {host!r} is not an address of this machine: {error}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as error:
+            busy = error.errno in (errno.EADDRINUSE, errno.EACCES)
+            hint = "; another program has that port: choose another with --port" if busy else ""
+            raise UsageError(f"cannot listen on {host}:{port}: {error.strerror or error}{hint}") from None
 
 
 @app.command()
