@@ -7,10 +7,11 @@ worker modules load torch (about 4 s), and a usage error should not wait for it.
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 
-from nas.errors import UsageError
+from nas.errors import UNPRINTABLE, UsageError, quoted
 from runners.presets import DEFAULT_PRESET, get_preset
 from search_spaces.factory import SpaceOptions, build_space
 
@@ -21,6 +22,21 @@ _PASSWORD = re.compile(r"(://[^:/@\s]*:)([^@/\s]*)(@)")  # scheme://user:PASSWOR
 def display_url(url: str) -> str:
     """A storage URL safe to print, log or write down: its password replaced by ``***``."""
     return _PASSWORD.sub(r"\1***\3", str(url))
+
+
+def check_study_name(name: str, flag: str = "--study-name") -> str:
+    """A study name is 1-512 printable characters of valid text: no control character (a terminal escape), no
+    format mark or line break, no byte that was not UTF-8; ``UsageError`` naming the first bad character."""
+    if not name.strip() or len(name) > 512:
+        raise UsageError(f"{flag} {quoted(name[:40])} is invalid: give 1-512 printable characters")
+    for i, char in enumerate(name):
+        if unicodedata.category(char) in UNPRINTABLE:
+            what = "a byte that is not UTF-8" if unicodedata.category(char) == "Cs" else f"U+{ord(char):04X}"
+            raise UsageError(f"{flag} {quoted(name[:40])} is invalid: character {i + 1} is {what}, which does not "
+                             "print; give 1-512 printable characters")
+    return name
+
+
 SAMPLERS = ("tpe", "random", "grid", "gp", "nsga2")
 REPLICATES = ("race", "fixed", "adaptive")
 PRUNERS = ("auto", "median", "hyperband", "none")
@@ -63,10 +79,8 @@ class SearchConfig:
                 raise UsageError(f"{flag} {value} is invalid: give at least 1")
             if value > maximum:
                 raise UsageError(f"{flag} {value:,} is too large: at most {maximum:,}")
-        name = self.study_name
-        printable = name is not None and all(32 <= ord(c) != 127 for c in name)
-        if name is not None and (not name.strip() or len(name) > 512 or not printable):
-            raise UsageError(f"--study-name {name[:40]!r} is invalid: give 1-512 printable characters")
+        if self.study_name is not None:
+            check_study_name(self.study_name)
         if self.sampler is not None and self.sampler not in SAMPLERS:
             raise UsageError(f"unknown sampler {self.sampler!r}; choose {', '.join(SAMPLERS)}")
         if self.pruner not in PRUNERS:

@@ -12,6 +12,9 @@ version these were written against, 5.x, which CI installs):
 - ``drop_session``: ``Study._storage``'s thread-local SQLAlchemy session, closed so that a transaction a
   signal cut short (``KeyboardInterrupt`` inside a storage call) cannot hold SQLite's write lock while the
   worker marks its trial interrupted. No public API reaches the session.
+- ``schema_revisions``: the table-schema revisions this Optuna knows (its alembic scripts, which
+  ``RDBStorage`` reads through its private ``_VersionManager``): a storage made by another Optuna is
+  refused before anything opens it for writing (switching a file to WAL already changes its header).
 - ``unbeaten_trial_ids``: RUNNING trials that never recorded a heartbeat. Optuna's public
   stale check (``fail_stale_trials``) skips trials without a heartbeat row, and no public API
   reads heartbeats.
@@ -26,6 +29,20 @@ from typing import Any
 import optuna
 import sqlalchemy
 from optuna.trial import TrialState
+
+
+def schema_revisions() -> tuple[str, frozenset[str]]:
+    """(the newest revision, every revision) of the table schema this Optuna reads and writes."""
+    import os
+
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    folder = os.path.join(os.path.dirname(optuna.storages._rdb.storage.__file__), "alembic")
+    config = Config()
+    config.set_main_option("script_location", folder)
+    script = ScriptDirectory.from_config(config)
+    return script.get_current_head() or "", frozenset(r.revision for r in script.walk_revisions())
 
 
 def trial_id(trial: optuna.Trial) -> int:

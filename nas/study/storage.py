@@ -18,6 +18,8 @@ by the next worker and re-queued with the same shape and seed (Optuna's
 from __future__ import annotations
 
 import importlib.util
+import math
+import re
 import sqlite3
 import time
 import warnings
@@ -29,26 +31,59 @@ import optuna
 import sqlalchemy
 from sqlalchemy.engine import make_url
 
-from nas.errors import UsageError
+from nas.errors import UsageError, printable
+from nas.files import show, user_path, writable_folder
 from nas.study import optuna_internals
-from nas.study.config import DEFAULT_STORAGE, display_url
+from nas.study.config import DEFAULT_STORAGE, check_study_name, display_url
+from nas.study.sqlite_file import OPTUNA_TABLES, SqliteFile, inspect_sqlite, read_only_connect
 
 SQLITE_BUSY_TIMEOUT_S = 600
 MAX_RETRIES = 3  # a shape whose worker dies this many times is left failed
 CREATE_ATTEMPTS = 5  # opening a fresh database: tries while other workers race to create its tables
 
 
+SQLITE_QUERY = ("timeout",)  # what a sqlite:/// URL may carry after "?": the busy timeout in seconds
+
+
+class EmptyStorage(UsageError):
+    """A reader was pointed at a storage with no Optuna tables yet: it holds no study (and is left as it is)."""
+
+
 def parse_url(url: str) -> sqlalchemy.URL:
     """Validate a storage URL; one-line error naming it and what would be valid."""
     try:
         parsed = make_url(url)
-    except Exception:  # noqa: BLE001 - sqlalchemy raises ArgumentError, ValueError...
-        raise UsageError(f"storage URL {display_url(url)!r} is malformed: use e.g. sqlite:///nas.db or "
-                         "postgresql://user:password@host:5432/db") from None
-    if parsed.get_backend_name() == "sqlite" and not parsed.database:
-        raise UsageError(f"storage URL {display_url(url)!r} names no file: use e.g. sqlite:///nas.db (in-memory SQLite "
-                         "cannot be shared between workers)")
+        parsed.get_dialect()  # file:///, http://...: no database SQLAlchemy knows
+    except Exception:  # noqa: BLE001 - sqlalchemy raises ArgumentError, NoSuchModuleError, ValueError...
+        raise UsageError(f"storage URL {display_url(url)!r} is not a database URL SQLAlchemy knows: use e.g. "
+                         "sqlite:///nas.db or postgresql://user:password@host:5432/db") from None
+    if parsed.get_backend_name() == "sqlite":
+        if not parsed.database or parsed.database == ":memory:" or parsed.database.startswith("file:"):
+            raise UsageError(f"storage URL {display_url(url)!r} names no file: use e.g. sqlite:///nas.db (in-memory "
+                             "SQLite cannot be shared between workers)")
+        unknown = sorted(set(parsed.query) - set(SQLITE_QUERY))
+        if unknown:
+            raise UsageError(f"storage URL {display_url(url)!r} has the option(s) {', '.join(unknown)}, which a "
+                             "sqlite:/// storage does not take (only ?timeout=SECONDS)")
+        if "timeout" in parsed.query:
+            _sqlite_timeout(parsed, url)
     return parsed
+
+
+def _sqlite_timeout(parsed: sqlalchemy.URL, url: str) -> float:
+    """The URL's ``?timeout=`` (seconds SQLite waits for the write lock), else ``SQLITE_BUSY_TIMEOUT_S``."""
+    value = parsed.query.get("timeout")
+    if value is None:
+        return SQLITE_BUSY_TIMEOUT_S
+    text = value if isinstance(value, str) else value[-1]
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0 or seconds > 10**6:
+        raise UsageError(f"storage URL {display_url(url)!r}: timeout={text!r} is invalid: give the seconds SQLite "
+                         "waits for the write lock, e.g. ?timeout=600")
+    return seconds
 
 
 def _with_driver(parsed: sqlalchemy.URL) -> sqlalchemy.URL:
@@ -61,48 +96,85 @@ def _with_driver(parsed: sqlalchemy.URL) -> sqlalchemy.URL:
     return parsed
 
 
-def _prepare_sqlite(path: str) -> None:
-    """Create the file's folder and switch it to WAL journaling (a persistent property of the file)."""
-    file = Path(path)
-    if file.parent and not file.parent.exists():
-        raise UsageError(f"storage folder {str(file.parent)!r} does not exist")
-    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
+def _prepare_sqlite(path: str, timeout: float) -> None:
+    """Switch the file to WAL journaling (a persistent property of the file)."""
+    deadline = time.monotonic() + timeout
     while True:
         try:
-            with closing(sqlite3.connect(file, timeout=SQLITE_BUSY_TIMEOUT_S)) as connection:
+            with closing(sqlite3.connect(path, timeout=timeout)) as connection:
                 connection.execute("PRAGMA journal_mode=WAL")
             return
         except sqlite3.OperationalError as error:
             # switching a fresh file to WAL needs it to itself, and SQLite answers "locked" at once instead
             # of waiting: another worker is opening it right now
             if "locked" not in str(error) or time.monotonic() > deadline:
-                raise UsageError(f"cannot open storage file {path!r}: {error}") from None
+                raise UsageError(f"cannot open storage file {show(path)}: {error}") from None
             time.sleep(0.05)
+        except sqlite3.DatabaseError as error:  # not a database, damaged
+            raise UsageError(f"storage file {show(path)} is not a usable SQLite database: {error}") from None
+
+
+def _check_sqlite(url: str, path: Path, read_only: bool) -> SqliteFile:
+    """What the SQLite file holds, refusing what neither a search nor a reader may open (``nas.study.sqlite_file``)."""
+    what = "storage file"
+    if read_only:
+        found = inspect_sqlite(path, what)
+        if not found.exists:
+            raise UsageError(f"storage file {show(path)} does not exist: nothing has been searched there "
+                             "(nas search --storage ... creates it)")
+    else:
+        writable_folder(path.parent if str(path.parent) else Path("."), f"storage {display_url(url)!r}: its folder")
+        found = inspect_sqlite(path, what)
+    if found.empty:
+        if read_only:
+            raise EmptyStorage(f"{display_url(url)} holds no study yet (an empty database)")
+        return found
+    if not found.is_optuna:
+        raise UsageError(f"storage file {show(path)} {found.describe_foreign()}: give the file `nas search` made, or "
+                         "a new name")
+    head, known = optuna_internals.schema_revisions()
+    if found.schema_revision != head:
+        made = f"it was made by Optuna {found.optuna_version or '(unknown version)'}"
+        if found.schema_revision not in known:
+            raise UsageError(f"cannot open storage {display_url(url)!r}: {made}, newer than this Optuna "
+                             f"{optuna.__version__}: pip install -U 'optuna<6' to read it")
+        raise UsageError(f"cannot open storage {display_url(url)!r}: {made}, whose tables are older than this Optuna "
+                         f"{optuna.__version__} reads: back the file up, then `optuna storage upgrade --storage URL`")
+    return found
 
 
 def make_storage(url: str = DEFAULT_STORAGE, heartbeat_interval: int = 10,
                  grace_period: int | None = None, read_only: bool = False) -> optuna.storages.RDBStorage:
     """An ``RDBStorage`` with heartbeats and stale-trial retry, tuned for concurrent workers.
 
-    ``read_only`` (reports, ``nas best``): an SQLite file must exist already, and its transactions
-    start with a plain ``BEGIN``: in WAL mode a reader then sees one consistent snapshot per read
-    and neither waits for the search's writes nor makes them wait.
+    The one place a storage is opened. SQLite: the file is inspected first (``nas.study.sqlite_file``): a
+    text file, a damaged database, another program's database or a folder that is missing are refused in
+    one line, and a database that another Optuna made is refused naming its version.
+
+    ``read_only`` (``nas studies``, ``best``, ``report``, ``export``): the file must be an Optuna storage
+    already (``EmptyStorage`` when it holds no table), no table is created or migrated, and an SQLite file
+    is opened through read-only connections (``mode=ro``, or ``immutable=1`` in a read-only folder), so a
+    reader cannot write it; its transactions start with a plain ``BEGIN``: in WAL mode a reader then sees
+    one consistent snapshot per read and neither waits for the search's writes nor makes them wait.
     """
     parsed = _with_driver(parse_url(url))
     engine_kwargs: dict = {}
     if parsed.get_backend_name() == "sqlite":
-        if read_only and not Path(parsed.database).is_file():
-            raise UsageError(f"storage file {parsed.database!r} does not exist: nothing has been searched there "
-                             "(nas search --storage ... creates it)")
-        if not read_only:  # a reader leaves the file as it is (a search has made it WAL already)
-            _prepare_sqlite(parsed.database)
-        # isolation_level None: sqlite3 emits no BEGIN of its own; _begin_immediately emits ours
-        engine_kwargs["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_S, "isolation_level": None}
+        path = user_path(parsed.database, "storage file", stored=True)
+        timeout = _sqlite_timeout(parsed, url)
+        found = _check_sqlite(url, path, read_only)
+        parsed = parsed.set(database=str(path), query={})
+        if read_only:
+            engine_kwargs["creator"] = read_only_connect(path, found.immutable, timeout)
+        else:
+            _prepare_sqlite(str(path), timeout)
+            # isolation_level None: sqlite3 emits no BEGIN of its own; _begin_immediately emits ours
+            engine_kwargs["connect_args"] = {"timeout": timeout, "isolation_level": None}
     else:
         engine_kwargs["pool_pre_ping"] = True
     try:
         storage = _first_worker_safe(parsed.render_as_string(hide_password=False), engine_kwargs,
-                                     heartbeat_interval, grace_period)
+                                     heartbeat_interval, grace_period, read_only)
     except ImportError as error:  # Optuna re-raises the driver's ModuleNotFoundError as a bare ImportError
         missing = getattr(error.__cause__, "name", None) or error.name or "its database driver"
         raise UsageError(f"storage URL {display_url(url)!r} needs the Python package {missing!r}: "
@@ -113,9 +185,23 @@ def make_storage(url: str = DEFAULT_STORAGE, heartbeat_interval: int = 10,
         if password:  # a driver may echo the connection string it was given
             first = first.replace(str(password), "***")
         raise UsageError(f"cannot open storage {display_url(url)!r}: {first}") from None
+    except RuntimeError as error:  # Optuna's schema check: another Optuna version made this storage
+        raise UsageError(f"cannot open storage {display_url(url)!r}: {_schema_message(str(error))}") from None
     if parsed.get_backend_name() == "sqlite":
         sqlalchemy.event.listen(storage.engine, "begin", _begin_deferred if read_only else _begin_immediately)
     return storage
+
+
+def _schema_message(message: str) -> str:
+    """Optuna's schema-compatibility error as one line that says which Optuna made the storage and what to do."""
+    made = re.search(r"set up by optuna ([^)\s]+)", message)
+    by = f"it was made by Optuna {made.group(1)}" if made else "another Optuna version made it"
+    if "pip install -U optuna" in message:
+        return f"{by}, newer than this Optuna {optuna.__version__}: pip install -U 'optuna<6' to read it"
+    if "storage upgrade" in message:
+        return (f"{by}, whose tables are older than this Optuna {optuna.__version__} reads: back the file up, then "
+                "`optuna storage upgrade --storage URL`")
+    return " ".join(message.split())
 
 
 def _begin_deferred(connection: sqlalchemy.Connection) -> None:
@@ -129,14 +215,14 @@ def _begin_immediately(connection: sqlalchemy.Connection) -> None:
 
 
 def _first_worker_safe(url: str, engine_kwargs: dict, heartbeat_interval: int,
-                       grace_period: int | None) -> optuna.storages.RDBStorage:
+                       grace_period: int | None, read_only: bool = False) -> optuna.storages.RDBStorage:
     """Open the storage; when workers on several machines start together on a fresh database, all but one lose
     the race to create Optuna's tables ("relation ... already exists"): they retry and find the tables made."""
     for attempt in range(1, CREATE_ATTEMPTS + 1):
         try:
             with warnings.catch_warnings():  # heartbeats and retries are "experimental" since Optuna 2.8
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                return _rdb_storage(url, engine_kwargs, heartbeat_interval, grace_period)
+                return _rdb_storage(url, engine_kwargs, heartbeat_interval, grace_period, read_only)
         except sqlalchemy.exc.DBAPIError as error:
             # "relation/table ... already exists", or a unique key violated creating a type or the version row
             lost_race = isinstance(error, sqlalchemy.exc.IntegrityError) or "already exists" in str(error.orig)
@@ -147,14 +233,32 @@ def _first_worker_safe(url: str, engine_kwargs: dict, heartbeat_interval: int,
 
 
 def _rdb_storage(url: str, engine_kwargs: dict, heartbeat_interval: int,
-                 grace_period: int | None) -> optuna.storages.RDBStorage:
+                 grace_period: int | None, read_only: bool = False) -> optuna.storages.RDBStorage:
+    if read_only and not url.startswith("sqlite"):
+        _check_tables(url, engine_kwargs)
     return optuna.storages.RDBStorage(
         url,
         engine_kwargs=engine_kwargs,
+        skip_table_creation=read_only,
         heartbeat_interval=heartbeat_interval,
         grace_period=grace_period or 3 * heartbeat_interval,
         heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRIES),
     )
+
+
+def _check_tables(url: str, engine_kwargs: dict) -> None:
+    """A server database a reader opens must hold Optuna's tables already (``EmptyStorage`` or ``UsageError``)."""
+    engine = sqlalchemy.create_engine(url, **engine_kwargs)
+    try:
+        tables = set(sqlalchemy.inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+    if not tables:
+        raise EmptyStorage(f"{display_url(url)} holds no study yet (an empty database)")
+    missing = sorted(OPTUNA_TABLES - tables)
+    if missing:
+        raise UsageError(f"storage {display_url(url)!r} is not an Optuna storage: it lacks the tables "
+                         f"{', '.join(missing)}")
 
 
 def write_user_attrs(storage: optuna.storages.BaseStorage, trial: optuna.Trial, attrs: dict[str, Any]) -> None:
@@ -204,10 +308,12 @@ def open_existing_study(url: str, study_name: str | None) -> tuple[optuna.Study,
     storage holds no shape search or several.
     """
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if study_name is not None:
+        check_study_name(study_name)
     storage = make_storage(url, read_only=True)
     studies = {name: kind for name, kind, _ in list_studies(storage)}
     searches = [name for name, kind in studies.items() if kind == SHAPE_SEARCH]
-    listing = ", ".join(f"{name} ({kind})" for name, kind in studies.items()) or "none"
+    listing = ", ".join(f"{printable(name)} ({kind})" for name, kind in studies.items()) or "none"
     if study_name is None:
         if len(searches) != 1:
             raise UsageError(f"give --study-name: {display_url(url)} holds {len(searches)} shape searches; "
@@ -218,5 +324,5 @@ def open_existing_study(url: str, study_name: str | None) -> tuple[optuna.Study,
     if studies[study_name] != SHAPE_SEARCH:
         raise UsageError(f"study {study_name!r} in {display_url(url)} is {studies[study_name]}: `nas search` did "
                          f"not make it, so it has no shapes to rank; shape searches there: "
-                         f"{', '.join(searches) or 'none'} (nas studies lists them all)")
+                         f"{', '.join(map(printable, searches)) or 'none'} (nas studies lists them all)")
     return optuna.load_study(study_name=study_name, storage=storage), storage

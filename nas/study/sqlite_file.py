@@ -1,0 +1,121 @@
+"""What an SQLite storage file holds, read without changing it: before Optuna opens it, and for readers instead.
+
+``inspect_sqlite`` looks at a file named by a ``sqlite:///`` URL through a read-only connection
+(``mode=ro``; ``immutable=1`` when the folder cannot hold SQLite's ``-shm`` file, as a write-ahead-log
+database in a read-only folder needs) and says what it is: missing, empty, another program's
+database, an Optuna storage (with the Optuna version and schema revision that made it), or not a
+database at all (a text file, a damaged or truncated one). ``make_storage`` refuses each of the
+last in one line, and opens a reader's storage through ``read_only_connect`` so that a command that
+only reads can never write the file.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from nas.errors import UsageError
+from nas.files import kind_of, reason, show
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+OPTUNA_TABLES = frozenset({"studies", "trials", "version_info", "alembic_version"})
+
+
+@dataclass(frozen=True)
+class SqliteFile:
+    """A storage file as found: ``exists``, its ``tables``, and what Optuna wrote in it."""
+
+    path: Path
+    exists: bool
+    tables: frozenset[str] = frozenset()
+    optuna_version: str | None = None  # version_info.library_version: the Optuna that created it
+    schema_revision: str | None = None  # alembic_version.version_num
+    immutable: bool = False  # read through immutable=1 (a WAL file in a folder this process cannot write)
+
+    @property
+    def empty(self) -> bool:
+        """No table at all: a new (or zero-byte) file, which a search may fill and a reader finds no study in."""
+        return not self.tables
+
+    @property
+    def is_optuna(self) -> bool:
+        return OPTUNA_TABLES <= self.tables
+
+    def describe_foreign(self) -> str:
+        """``holds the tables a, b, c of another program`` (at most 6 named)."""
+        names = sorted(self.tables)
+        listed = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+        missing = sorted(OPTUNA_TABLES - self.tables)
+        return (f"is an SQLite database but not an Optuna storage (its tables: {listed}; "
+                f"missing Optuna's {', '.join(missing)})")
+
+
+def _uri(path: Path, immutable: bool) -> str:
+    query = "immutable=1" if immutable else "mode=ro"
+    return f"file:{urllib.parse.quote(str(path.absolute()))}?{query}"
+
+
+def read_only_connect(path: Path, immutable: bool, timeout: float) -> Callable[[], sqlite3.Connection]:
+    """A connection factory that opens ``path`` read-only (SQLAlchemy's ``creator``): it can never write it."""
+
+    def connect() -> sqlite3.Connection:
+        return sqlite3.connect(_uri(path, immutable), uri=True, timeout=timeout, isolation_level=None,
+                               check_same_thread=False)
+
+    return connect
+
+
+def inspect_sqlite(path: Path, what: str) -> SqliteFile:
+    """What ``path`` holds (module docstring); ``UsageError`` when it is no SQLite database or cannot be read."""
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return SqliteFile(path, exists=False)
+    except OSError as error:
+        raise UsageError(f"{what} {show(path)} cannot be used: {reason(error)}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise UsageError(f"{what} {show(path)} is {kind_of(info.st_mode)}, not an SQLite database file")
+    if info.st_size == 0:
+        return SqliteFile(path, exists=True)
+    try:
+        with open(path, "rb") as file:
+            header = file.read(len(SQLITE_HEADER))
+    except OSError as error:
+        raise UsageError(f"cannot read {what} {show(path)}: {reason(error)}") from None
+    if header != SQLITE_HEADER:
+        raise UsageError(f"{what} {show(path)} is not an SQLite database (it starts with {header[:12]!r}): give "
+                         "the file `nas search` made, or a new name")
+    immutable = not os.access(path.parent if str(path.parent) else Path("."), os.W_OK | os.X_OK)
+    try:
+        return _read_tables(path, immutable)
+    except sqlite3.OperationalError as error:
+        if immutable or "readonly" not in str(error) and "unable to open" not in str(error):
+            raise UsageError(f"{what} {show(path)} cannot be read: {error}") from None
+        return _read_tables(path, True)
+    except sqlite3.DatabaseError as error:
+        raise UsageError(f"{what} {show(path)} is damaged ({error}): restore it from a copy, or recover what it "
+                         "holds with `sqlite3 FILE .recover`") from None
+
+
+def _read_tables(path: Path, immutable: bool) -> SqliteFile:
+    connection = sqlite3.connect(_uri(path, immutable), uri=True, timeout=30)
+    try:
+        tables = frozenset(name for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type='table'"))
+        check = connection.execute("PRAGMA quick_check(1)").fetchone()
+        if check is None or check[0] != "ok":
+            raise sqlite3.DatabaseError(f"quick_check: {check[0] if check else 'no answer'}")
+        version = revision = None
+        if "version_info" in tables:
+            row = connection.execute("SELECT library_version FROM version_info LIMIT 1").fetchone()
+            version = row[0] if row else None
+        if "alembic_version" in tables:
+            row = connection.execute("SELECT version_num FROM alembic_version LIMIT 1").fetchone()
+            revision = row[0] if row else None
+        return SqliteFile(path, True, tables, version, revision, immutable)
+    finally:
+        connection.close()
