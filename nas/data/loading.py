@@ -27,6 +27,7 @@ the whole validation split, every time, so every trial of a study is scored on t
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +49,7 @@ from nas.data.sources import (
     text_documents,
 )
 from nas.errors import UsageError
+from nas.files import kind_of, show, stat_path, user_path
 
 __all__ = ["TokenData", "load_data", "BatchSampler", "validation_batches", "check_enough_tokens"]
 
@@ -83,8 +85,9 @@ def load_data(spec: str | os.PathLike[str] = "builtin", cache_dir: str | os.Path
         docs, key_parts = builtin_documents()
         return _token_data(load_text_corpus("builtin", docs, key_parts, cache), name)
 
-    path = Path(name).expanduser()
-    if path.is_file():
+    path = user_path(name, "--data", stored=True)
+    info = stat_path(path, "--data")
+    if info is not None and stat.S_ISREG(info.st_mode):
         if path.suffix == ".npy":
             loaded = load_npy(path, cache)
         elif path.suffix == ".bin":
@@ -92,20 +95,23 @@ def load_data(spec: str | os.PathLike[str] = "builtin", cache_dir: str | os.Path
         else:
             docs = text_documents(list_paths([path], path), skip_binary=False)
             if not docs:
-                raise UsageError(f"data file {name!r} is empty")
+                raise UsageError(f"data file {show(name)} is empty")
             loaded = load_text_corpus("text", docs, [str(path.resolve())], cache)
         return _token_data(loaded, name)
-    if path.is_dir():
+    if info is not None and stat.S_ISDIR(info.st_mode):
         files, base = list_directory(path), path
+    elif info is not None:
+        raise UsageError(f"--data {show(name)} is {kind_of(info.st_mode)}: pass 'builtin', a text file, a folder, a "
+                         "glob, a .npy file or .bin shards")
     elif any(c in name for c in "*?["):
-        matches = expand_glob(name)
+        matches = expand_glob(str(path))
         if not matches:
-            raise UsageError(f"data glob {name!r} matches no files")
-        base = Path(os.path.commonpath([p.parent for p in matches]))
-        files = list_paths(matches, base)
+            raise UsageError(f"data glob {show(name)} matches no files")
+        base = Path(os.path.commonpath([p.parent.absolute() for p in matches]))
+        files = list_paths([p.absolute() for p in matches], base)
     else:
         raise UsageError(
-            f"data {name!r} not found: pass 'builtin', a text file, a directory, a glob, a .npy file or .bin shards"
+            f"data {show(name)} not found: pass 'builtin', a text file, a directory, a glob, a .npy file or .bin shards"
         )
     return _token_data(_load_many(files, base, name, cache), name)
 
@@ -121,10 +127,10 @@ def _load_many(files: list[FileEntry], base: Path, name: str, cache: Path) -> tu
     if shards:
         return load_shards(shards, name, cache)
     if any(rel.endswith(".npy") for rel, _, _ in files):
-        raise UsageError(f"data {name!r} holds .npy files: pass one .npy token array, not a directory or glob")
+        raise UsageError(f"data {show(name)} holds .npy files: pass one .npy token array, not a directory or glob")
     docs = text_documents(files, skip_binary=True)
     if not docs:
-        raise UsageError(f"data {name!r} holds no non-empty text files or .bin shards")
+        raise UsageError(f"data {show(name)} holds no non-empty text files or .bin shards")
     return load_text_corpus("text", docs, [str(base.resolve())], cache)
 
 

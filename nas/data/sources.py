@@ -14,14 +14,18 @@ only, not on which other files exist or their order. When that leaves either spl
 from __future__ import annotations
 
 import bisect
+import fnmatch
 import glob
 import hashlib
 import importlib.util
+import io
 import math
 import os
+import shutil
+import stat
 import sys
 import sysconfig
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +34,7 @@ import numpy as np
 
 from nas.data.cache import atomic_write, cache_key, cached_json, file_stamp, open_u8, read_json, scan_tokens, write_json
 from nas.errors import UsageError
+from nas.files import read_bytes, reason, show
 
 SEPARATOR = b"\x1c"  # ASCII "file separator" between documents; absent from ordinary text
 VAL_MODULUS = 20  # a file is validation iff sha1(relative path) % 20 == 0: ~5% of the files
@@ -41,6 +46,10 @@ GPT2_VOCAB_PADDED = 50304  # 50257 padded up to a multiple of 64 for efficiency 
 # Directories of the standard library that hold tests or third-party code, not the library.
 EXCLUDED_DIRS = frozenset({"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"})
 TOPICS_REL = "pydoc_data/topics.py"  # the documentation topics, read as text rather than as Python source
+
+_PIECE = 16 * 2**20  # bytes per read when a text file is copied into the cache
+SPARSE_MIN_BYTES = 64 * 2**20  # files above this size are checked for holes (a sparse file is no text)
+CACHE_MARGIN_BYTES = 256 * 2**20  # free space left on the cache's disk after the text is cached
 
 Loaded = tuple[Any, Any, int, str]  # train, val, vocab_size, fingerprint
 
@@ -55,11 +64,18 @@ def is_validation_file(rel: str) -> bool:
 
 
 def _read(path: str | Path, size: int | None = None) -> bytes:
+    return read_bytes(Path(path), "data file", size)
+
+
+def copy_into(path: str | Path, out: Any) -> None:
+    """Copy a file into ``out`` in bounded pieces (``_PIECE`` bytes): a text file larger than memory never is
+    read whole."""
     try:
         with open(path, "rb") as f:
-            return f.read() if size is None else f.read(size)
+            while piece := f.read(_PIECE):
+                out.write(piece)
     except OSError as exc:
-        raise UsageError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
+        raise UsageError(f"cannot read data file {show(path)}: {reason(exc)}") from None
 
 
 # --------------------------------------------------------------------------- byte-level text
@@ -73,11 +89,19 @@ class Document:
     split: str | None = None  # "train" to force a split, None to use the by-file rule
 
     def read(self) -> bytes:
+        """The whole document (small documents only: the cache copies large ones with ``write_to``)."""
+        buffer = io.BytesIO()
+        self.write_to(buffer)
+        return buffer.getvalue()
+
+    def write_to(self, out: Any) -> None:
+        """The document's bytes into ``out`` (in bounded pieces)."""
         if self.rel == TOPICS_REL:  # pydoc's topics are text stored in a Python dict
             from pydoc_data.topics import topics
 
-            return "\n\n".join(topics[name] for name in sorted(topics)).encode("utf-8")
-        return _read(self.path)
+            out.write("\n\n".join(topics[name] for name in sorted(topics)).encode("utf-8"))
+            return
+        copy_into(self.path, out)
 
 
 def load_text_corpus(kind: str, docs: list[Document], key_parts: list[Any], cache: Path) -> Loaded:
@@ -85,11 +109,52 @@ def load_text_corpus(kind: str, docs: list[Document], key_parts: list[Any], cach
     stem = cache / f"{kind}-{cache_key(kind, key_parts, [(d.rel, d.stamp, d.split) for d in docs])}"
     meta = read_json(stem.with_suffix(".json"))
     tokens_path = stem.with_suffix(".u8")
-    if not (meta and tokens_path.exists() and tokens_path.stat().st_size == meta.get("n_tokens")):
+    if not (valid_text_meta(meta) and tokens_path.exists() and tokens_path.stat().st_size == meta["n_tokens"]):
+        check_room(docs, cache)
         meta = _build_text_cache(docs, tokens_path, stem.with_suffix(".json"))
     tokens = open_u8(tokens_path, meta["n_tokens"])
     n_train = meta["n_train"]
     return tokens[:n_train], tokens[n_train:], 256, meta["sha256"][:16]
+
+
+def valid_text_meta(meta: dict[str, Any] | None) -> bool:
+    """A cache entry's meta as its builder writes it (a damaged one, say ``"n_train": "x"``, is rebuilt)."""
+    if not meta:
+        return False
+    n_tokens, n_train, digest = meta.get("n_tokens"), meta.get("n_train"), meta.get("sha256")
+    return (isinstance(n_tokens, int) and not isinstance(n_tokens, bool) and isinstance(n_train, int)
+            and not isinstance(n_train, bool) and 0 <= n_train <= n_tokens and isinstance(digest, str)
+            and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest))
+
+
+def check_room(docs: list[Document], cache: Path) -> None:
+    """``UsageError`` naming the sizes when the text cannot be cached: a sparse file (mostly holes: NUL bytes no
+    text has) or more bytes than the cache's disk has free."""
+    total = 0
+    for doc in docs:
+        if doc.rel == TOPICS_REL:
+            continue
+        try:
+            info = os.stat(doc.path)
+        except OSError as exc:
+            raise UsageError(f"data file {show(doc.path)} cannot be used: {reason(exc)}") from None
+        stored = getattr(info, "st_blocks", None)
+        if stored is not None and info.st_size > SPARSE_MIN_BYTES and stored * 512 < info.st_size // 2:
+            raise UsageError(f"data file {show(doc.path)} is a sparse file of {_size(info.st_size)} of which only "
+                             f"{_size(stored * 512)} is stored: mostly holes (NUL bytes), not text")
+        total += info.st_size
+    free = shutil.disk_usage(cache).free
+    if total + CACHE_MARGIN_BYTES > free:
+        raise UsageError(f"the text data is {_size(total)}: its byte tokens need that much in the cache "
+                         f"{show(cache)}, which has {_size(free)} free; set NAS_CACHE to a larger disk or tokenise "
+                         "it into .bin shards")
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 2**30), ("MB", 2**20), ("kB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
 
 
 def _build_text_cache(docs: list[Document], tokens_path: Path, meta_path: Path) -> dict[str, Any]:
@@ -104,7 +169,9 @@ def _build_text_cache(docs: list[Document], tokens_path: Path, meta_path: Path) 
     def write(f: Any) -> None:
         for group in groups:
             for i, doc in enumerate(group):
-                f.write((SEPARATOR if i else b"") + doc.read())
+                if i:
+                    f.write(SEPARATOR)
+                doc.write_to(f)
             ends.append(f.tell())
 
     try:
@@ -146,16 +213,31 @@ def walk_files(root: str, skip_dir: Callable[[str], bool], keep_file: Callable[[
         try:
             entries = list(os.scandir(directory))
         except OSError as exc:
-            raise UsageError(f"cannot read directory {directory!r}: {exc.strerror or exc}") from None
+            raise UsageError(f"cannot read folder {show(directory)}: {reason(exc)}") from None
         for entry in entries:
             rel = rel_dir + entry.name
-            if entry.is_dir(follow_symlinks=False):
-                if not skip_dir(entry.name):
-                    stack.append((rel + "/", entry.path))
-            elif keep_file(entry.name) and entry.is_file():
-                st = entry.stat()
-                found.append((rel, entry.path, (st.st_size, st.st_mtime_ns)))
-    return sorted(found)
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    if not skip_dir(entry.name):
+                        stack.append((rel + "/", entry.path))
+                elif keep_file(entry.name) and entry.is_file():
+                    st = entry.stat()
+                    found.append((rel, entry.path, (st.st_size, st.st_mtime_ns), (st.st_dev, st.st_ino)))
+            except OSError:  # a link to nowhere, a loop of links: no file to read
+                continue
+    return once_each(found)
+
+
+def once_each(found: list[tuple[str, str, tuple[int, int], tuple[int, int]]]) -> list[FileEntry]:
+    """Sorted by relative path, each real file once (a link to a file already listed is dropped, so a file is never
+    read twice nor lands in both splits)."""
+    seen: set[tuple[int, int]] = set()
+    kept = []
+    for rel, path, stamp, identity in sorted(found):
+        if identity not in seen:
+            seen.add(identity)
+            kept.append((rel, path, stamp))
+    return kept
 
 
 def builtin_documents() -> tuple[list[Document], list[Any]]:
@@ -203,23 +285,26 @@ def load_npy(path: Path, cache: Path) -> Loaded:
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
         if path.stat().st_size == 0:
-            raise UsageError(f"data file {str(path)!r} is empty") from None
-        raise UsageError(f"data file {str(path)!r} is not a readable .npy array: "
+            raise UsageError(f"data file {show(path)} is empty") from None
+        if "allow_pickle" in str(exc) or "Python objects" in str(exc):
+            raise UsageError(f"data file {show(path)} holds Python objects (a pickled object array), not token ids: "
+                             "save a 1-D integer array (np.save(path, tokens.astype(np.uint16)))") from None
+        raise UsageError(f"data file {show(path)} is not a readable .npy array: "
                          f"{' '.join(str(exc).split())}") from None
     if not isinstance(arr, np.ndarray) or arr.ndim != 1 or arr.dtype.kind not in "iu":
         shape = getattr(arr, "shape", "?")
         raise UsageError(
-            f"data file {str(path)!r} holds an array of shape {shape} and dtype {getattr(arr, 'dtype', '?')}; "
+            f"data file {show(path)} holds an array of shape {shape} and dtype {getattr(arr, 'dtype', '?')}; "
             "expected a 1-D integer token array"
         )
     if len(arr) == 0:
-        raise UsageError(f"data file {str(path)!r} is empty: its array holds no tokens")
+        raise UsageError(f"data file {show(path)} is empty: its array holds no tokens")
     n_val = max(1, math.ceil(len(arr) * VAL_FRACTION))
     train, val = arr[: len(arr) - n_val], arr[len(arr) - n_val :]
     stats = cached_json(cache / f"npy-{cache_key('npy', str(path.resolve()), file_stamp(path))}.json",
                         lambda: scan_tokens(train, val))
     if stats["min_token"] < 0:
-        raise UsageError(f"data file {str(path)!r} holds a negative token ({stats['min_token']}); token ids start at 0")
+        raise UsageError(f"data file {show(path)} holds a negative token ({stats['min_token']}); token ids start at 0")
     return train, val, round_up(stats["max_token"] + 1), stats["sha256"][:16]
 
 
@@ -283,23 +368,23 @@ def open_shard(path: Path) -> np.ndarray:
     size = path.stat().st_size
     name = str(path)
     if size == 0:
-        raise UsageError(f"shard {name!r} is empty")
+        raise UsageError(f"shard {show(name)} is empty")
     if size < SHARD_HEADER_INTS * 4:
-        raise UsageError(f"shard {name!r} holds {size} bytes, less than its 1024-byte header")
+        raise UsageError(f"shard {show(name)} holds {size} bytes, less than its 1024-byte header")
     header = np.frombuffer(_read(path, SHARD_HEADER_INTS * 4), dtype="<i4")
     if header[0] != SHARD_MAGIC:
         raise UsageError(
-            f"shard {name!r} has magic number {header[0]}, expected {SHARD_MAGIC}: "
+            f"shard {show(name)} has magic number {header[0]}, expected {SHARD_MAGIC}: "
             "not an llm.c / modded-nanogpt token shard"
         )
     if header[1] != SHARD_VERSION:
-        raise UsageError(f"shard {name!r} has version {header[1]}, expected {SHARD_VERSION} (uint16 tokens)")
+        raise UsageError(f"shard {show(name)} has version {header[1]}, expected {SHARD_VERSION} (uint16 tokens)")
     n_tokens, held = int(header[2]), (size - SHARD_HEADER_INTS * 4) / 2
     if n_tokens != held:
         held_text = f"{held:.0f}" if held == int(held) else f"{held:.1f} (an odd number of bytes)"
-        raise UsageError(f"shard {name!r}: header says {n_tokens} tokens but the file holds {held_text}")
+        raise UsageError(f"shard {show(name)}: header says {n_tokens} tokens but the file holds {held_text}")
     if n_tokens == 0:
-        raise UsageError(f"shard {name!r} holds no tokens")
+        raise UsageError(f"shard {show(name)} holds no tokens")
     return np.memmap(path, dtype="<u2", mode="r", offset=SHARD_HEADER_INTS * 4, shape=(n_tokens,))
 
 
@@ -313,7 +398,7 @@ def load_shards(files: list[Path], where: str, cache: Path) -> Loaded:
     val_parts = [open_shard(p) for p in val_files]
     for split, parts in (("train", train_parts), ("val", val_parts)):
         if not parts:
-            raise UsageError(f"data {where!r} has no *_{split}_*.bin shard; "
+            raise UsageError(f"data {show(where)} has no *_{split}_*.bin shard; "
                              f"llm.c shards are named like fineweb_{split}_000001.bin")
     train = train_parts[0] if len(train_parts) == 1 else ConcatTokens(train_parts)
     val = val_parts[0] if len(val_parts) == 1 else ConcatTokens(val_parts)
@@ -323,4 +408,70 @@ def load_shards(files: list[Path], where: str, cache: Path) -> Loaded:
 
 
 def expand_glob(pattern: str) -> list[Path]:
-    return sorted(Path(p) for p in glob.glob(os.path.expanduser(pattern), recursive=True) if os.path.isfile(p))
+    """The regular files ``pattern`` matches, each real file once, in path order.
+
+    ``*``, ``?`` and ``[...]`` match within one path part (not a leading dot, as the shell's glob), ``**`` any
+    number of folders. Unlike ``glob.glob``, ``**`` does not descend into linked folders: a link that points back
+    up the tree would repeat every file under it without end (and glob reads each file once per lap)."""
+    parts = pattern.split(os.sep)
+    if parts[0] == "":  # an absolute pattern
+        start, parts = os.sep, parts[1:]
+    else:
+        start = os.curdir
+    found: list[tuple[str, str, tuple[int, int], tuple[int, int]]] = []
+    for path in _glob_in(start, [p for p in parts if p not in ("", os.curdir)], top=start == os.curdir):
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            found.append((path, path, (st.st_size, st.st_mtime_ns), (st.st_dev, st.st_ino)))
+    return [Path(path) for _, path, _ in once_each(found)]
+
+
+def _glob_in(directory: str, parts: list[str], top: bool = False) -> Iterator[str]:
+    """Paths under ``directory`` matching ``parts`` (``expand_glob``); ``top``: paths relative to the working folder."""
+
+    def join(name: str) -> str:
+        return name if top else os.path.join(directory, name)
+
+    head, rest = parts[0], parts[1:]
+    if head == "**":
+        if rest:
+            yield from _glob_in(directory, rest, top)
+        for entry in _entries(directory):
+            if entry.name.startswith("."):
+                continue
+            if not rest:
+                yield join(entry.name)
+            if entry.is_dir(follow_symlinks=False):
+                yield from _glob_in(join(entry.name), parts)
+    elif glob.has_magic(head):
+        for entry in _entries(directory):
+            if entry.name.startswith(".") and not head.startswith("."):
+                continue
+            if fnmatch.fnmatchcase(entry.name, head):
+                if not rest:
+                    yield join(entry.name)
+                elif _is_dir(entry):
+                    yield from _glob_in(join(entry.name), rest)
+    else:
+        path = join(head)
+        if not rest:
+            yield path
+        elif os.path.isdir(path):
+            yield from _glob_in(path, rest)
+
+
+def _entries(directory: str) -> list[os.DirEntry[str]]:
+    try:
+        return list(os.scandir(directory))
+    except OSError:  # unreadable or gone: as glob, it matches nothing there
+        return []
+
+
+def _is_dir(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
