@@ -9,6 +9,7 @@ is a bootstrap over seeds on both sides (``reports.statistics.kendall_tau``).
 
 from __future__ import annotations
 
+import shlex
 from statistics import fmean
 
 import optuna
@@ -36,7 +37,7 @@ def read_reruns(storage: optuna.storages.BaseStorage | str, proxy_study: str) ->
         if summary.user_attrs.get(RERUN_MARK) != proxy_study:
             continue
         study = optuna.load_study(study_name=summary.study_name, storage=storage)
-        preset = summary.user_attrs.get("nas:preset", summary.study_name)
+        preset = summary.user_attrs.get("nas:rerun_label") or summary.user_attrs.get("nas:preset", summary.study_name)
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
             a = t.user_attrs
             rows.append({"preset": preset, "proxy_key": a.get("proxy_key"), "key": a.get("key"),
@@ -50,9 +51,9 @@ def reruns_section(data: StudyData) -> Section:
                       "Read off whether the proxy's ranking held when the best shapes and the baseline were trained "
                       "for real: proxy rank against full rank, and Kendall tau with its interval.")
     if data.reruns is None or data.reruns.empty:
-        section.empty = (f"no full-scale re-runs are stored for this study yet: `nas rerun --study-name {data.name} "
-                         "--top K --preset NAME` trains the best shapes and the baseline at a target preset and "
-                         "writes them here")
+        section.empty = ("no full-scale re-runs are stored for this study yet: `nas rerun --study-name "
+                         f"{shlex.quote(data.name)} --top K --preset NAME` trains the best shapes and the baseline "
+                         "at a target preset and writes them here")
         return section
     for preset, runs in data.reruns.groupby("preset", sort=True):
         full = {key: list(group["val_loss"]) for key, group in runs.groupby("proxy_key")}

@@ -10,6 +10,7 @@ from typing import Any
 from nas.errors import UsageError
 
 MAX_TOKENS = 10**13  # far beyond any run: a typo is refused instead of planned
+RUN_ONLY_FIELDS = ("threads", "device", "compile", "micro_batch")  # how a run executes, not what it computes
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,10 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def result_fields(self) -> dict[str, Any]:
+        """The fields that change what a run computes (``RUN_ONLY_FIELDS`` left out): what identifies a run or study."""
+        return {k: v for k, v in self.to_dict().items() if k not in RUN_ONLY_FIELDS}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Annotated
 
@@ -10,6 +11,7 @@ import typer
 from nas.cli.app import app
 from nas.cli.options import StorageOpt, StudyOpt
 from nas.errors import UsageError
+from nas.files import output_folder
 from nas.study.config import DEFAULT_STORAGE, display_url
 from nas.units import parse_size
 
@@ -46,7 +48,7 @@ def rerun(
     beside the study (nas report then shows proxy rank against full rank). The same command skips finished runs
     and resumes unfinished ones."""
     from nas.rerun.launch import LaunchOptions, launch, read_result
-    from nas.rerun.plan import plan_runs, plan_shapes
+    from nas.rerun.plan import RerunSettings, plan_runs, plan_shapes
     from nas.rerun.record import record, recorded, rerun_study
     from nas.study.storage import make_storage, open_existing_study
     from reports.frame import read_study
@@ -87,11 +89,16 @@ def rerun(
     for shape in shapes:
         if not shape.transfer.ok:
             typer.echo(f"skipped rank {shape.proxy_rank} ({shape.proxy_key}): {shape.transfer.refused}", err=True)
-    planned = plan_runs(shapes, seeds, runs, proxy.name, preset)
+    run_train = target.train.with_(**({"tokens": budget} if budget else {}))
+    settings = RerunSettings(proxy.name, proxy.identity, preset, {**run_train.result_fields(), "seed": None},
+                             dataset.fingerprint)
+    runs_dir = output_folder(runs, "--runs")  # made at the first launch when missing
+    planned = plan_runs(shapes, seeds, runs_dir, settings)
     writable = make_storage(storage)
-    results = rerun_study(writable, proxy.name, preset, {"nas:proxy_preset": proxy.preset,
-                                                         "nas:tokens": budget or target.train.tokens})
-    done = recorded(results)
+    variant = f"{run_train.tokens:,} tokens, data {data}"
+    results = rerun_study(writable, settings, variant, {"nas:proxy_preset": proxy.preset,
+                                                      "nas:tokens": run_train.tokens, "nas:data": data})
+    done = recorded(results, settings)
     options = LaunchOptions(preset=preset, data=data, tokens=budget, nproc=nproc, device=device, compile=compile,
                             micro_batch=micro_batch, checkpoint_every=checkpoint_every, threads=threads)
     try:
@@ -108,19 +115,21 @@ def rerun(
                 if result is None or result.get("status") not in ("ok", "diverged"):
                     raise UsageError(f"{what} stopped with exit code {code}; see {run.folder / 'log.jsonl'} and "
                                      "re-run the same command to resume it")
-            record(results, run, result, list(proxy.scores[run.shape.proxy_key].trials))
+            record(results, run, result, list(proxy.scores[run.shape.proxy_key].trials), settings)
             typer.echo(f"{what}: val loss {result.get('val_loss')}, {result.get('tokens_per_s', 0):,.0f} tok/s",
                        err=True)
     except KeyboardInterrupt:
         typer.echo("interrupted: finished runs are recorded; re-run the same command to resume", err=True)
         raise typer.Exit(130) from None
     reruns = read_reruns(writable, proxy.name)
+    label = results.user_attrs["nas:rerun_label"]
     full = {} if reruns is None else {
-        key: list(group["val_loss"]) for key, group in reruns[reruns["preset"] == preset].groupby("proxy_key")}
+        key: list(group["val_loss"]) for key, group in reruns[reruns["preset"] == label].groupby("proxy_key")}
     agreement = kendall_tau({k: list(proxy.scores[k].losses) for k in full if k in proxy.scores}, full)
     if agreement is not None:
-        typer.echo(f"proxy -> {preset}: Kendall tau {agreement.tau:+.2f} (95 % bootstrap interval "
+        typer.echo(f"proxy -> {label}: Kendall tau {agreement.tau:+.2f} (95 % bootstrap interval "
                    f"[{agreement.low:+.2f}, {agreement.high:+.2f}], {agreement.n_shapes} shapes); top-"
                    f"{agreement.top_k} overlap {agreement.top_overlap}", err=True)
-    typer.echo(f"done. Next: nas report --study-name {proxy.name} --storage {display_url(storage)} -o report.html",
+    typer.echo(f"done. Next: nas report --study-name {shlex.quote(proxy.name)} --storage "
+               f"{shlex.quote(display_url(storage))} -o report.html",
                err=True)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nas.errors import UsageError
 from nas.rerun.plan import PlannedRun
 from runners.distributed import die_with_parent
 
@@ -58,10 +59,16 @@ def launch(run: PlannedRun, options: LaunchOptions) -> tuple[int, dict[str, Any]
 
 
 def read_result(folder: Path) -> dict[str, Any] | None:
+    """The run's ``result.json``, None when it has none yet; ``UsageError`` when it is damaged (it is written
+    atomically, so damage came from outside: the user decides whether to delete it and train again)."""
     path = folder / "result.json"
     if not path.exists():
         return None
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
+        result = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise UsageError(f"{str(path)!r} is damaged ({error}): delete it and run the same command to train the run "
+                         "again") from None
+    if not isinstance(result, dict):
+        raise UsageError(f"{str(path)!r} holds no run result: delete it and run the same command again")
+    return result

@@ -4,13 +4,19 @@ Shapes are ranked as the leaderboard ranks them (mean proxy loss over seeds); th
 always re-run, since the question is whether the proxy's *gains over it* hold. Each shape is
 carried to the target preset by ``search_spaces.transfer``; one that cannot be carried is left
 out with its reason (the baseline must carry). Every (shape, seed) gets its own folder under
-``runs/<study>/<preset>/``, holding the carried shape (``arch.json``) and the run's checkpoint,
-log and result, so re-running the same command finds what is done and what to resume.
+``runs/<study>-<hash>/<preset>-<settings>/``, holding the carried shape (``arch.json``) and the run's
+checkpoint, log and result, so re-running the same command finds what is done and what to resume.
+
+A run's folder and its record are keyed by everything that changes its result (``RerunSettings``:
+the proxy study's identity, the target's training setup after ``--tokens`` and the other options,
+the data's fingerprint), so a re-run with other settings never reuses or records another's runs;
+folder names are hashed as well as cleaned, so no study name (``..``, ``a/b``) reaches outside ``--runs``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,9 +48,30 @@ class PlannedRun:
         return self.shape.transfer.target
 
 
+@dataclass(frozen=True)
+class RerunSettings:
+    """What makes two re-runs of one shape and seed the same run: the proxy study (its name and identity), the
+    target preset's training setup as run (``--tokens`` applied; run-only options such as threads left out) and
+    the data's token fingerprint. ``digest`` names their folders and tags their records."""
+
+    proxy_study: str
+    proxy_identity: dict
+    preset: str
+    train: dict
+    data_fingerprint: str
+
+    @property
+    def digest(self) -> str:
+        blob = json.dumps([self.proxy_study, self.proxy_identity, self.preset, self.train, self.data_fingerprint],
+                          sort_keys=True, default=str)
+        return hashlib.sha1(blob.encode()).hexdigest()[:10]
+
+
 def safe_name(text: str) -> str:
-    """A study or preset name as one folder name."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "study"
+    """A study or preset name as one folder name that stays inside its parent: cleaned to ``[A-Za-z0-9._-]``,
+    never starting with a dot, plus a hash of the exact name (``a/b`` and ``a_b`` differ, ``..`` stays inside)."""
+    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_.")[:60] or "study"
+    return f"{cleaned}-{hashlib.sha1(text.encode('utf-8', 'surrogateescape')).hexdigest()[:8]}"
 
 
 def _arch_of(data: StudyData, key: str) -> ArchConfig:
@@ -74,9 +101,9 @@ def plan_shapes(data: StudyData, preset: Preset, top: int) -> list[PlannedShape]
     return shapes
 
 
-def plan_runs(shapes: list[PlannedShape], seeds: int, runs_dir: Path, study: str, preset: str) -> list[PlannedRun]:
+def plan_runs(shapes: list[PlannedShape], seeds: int, runs_dir: Path, settings: RerunSettings) -> list[PlannedRun]:
     """One run per carried shape and seed, in ranking order (the baseline first), each with its folder."""
-    root = runs_dir / safe_name(study) / safe_name(preset)
+    root = runs_dir / safe_name(settings.proxy_study) / f"{safe_name(settings.preset)}-{settings.digest}"
     runs = []
     for shape in sorted((s for s in shapes if s.transfer.ok), key=lambda s: (s.role != "baseline", s.proxy_rank)):
         digest = hashlib.sha1(shape.transfer.target.key().encode()).hexdigest()[:10]
