@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from typing import Any
 
 import optuna
@@ -24,11 +23,6 @@ from runners.presets import get_preset
 from search_spaces.base import SearchSpace
 from search_spaces.factory import SpaceOptions, build_space
 
-POLL_S = 0.5  # how often a worker looks again for the identity another worker is writing
-
-# how a trial runs, not what it computes: a study can be resumed (or shared) with other values
-RUN_ONLY_FIELDS = ("threads", "device", "compile", "micro_batch")
-
 
 def train_config(config: SearchConfig) -> TrainConfig:
     """The preset's ``TrainConfig`` with the command line's overrides (and threads split among local workers)."""
@@ -41,7 +35,7 @@ def train_config(config: SearchConfig) -> TrainConfig:
 
 def identity(config: SearchConfig, space: SearchSpace, train: TrainConfig, data: TokenData) -> dict[str, Any]:
     """What defines a study: two commands with the same identity continue one study."""
-    train_part = {k: v for k, v in train.to_dict().items() if k not in RUN_ONLY_FIELDS}
+    train_part = train.result_fields()  # how a trial runs (threads, device...) is not what it computes
     ident = {"space": space.describe(), "train": train_part, "data": data.fingerprint,
              "objectives": list(config.objectives)}
     return json.loads(json.dumps(ident, sort_keys=True, default=str))
@@ -84,16 +78,34 @@ def study_name(config: SearchConfig, space: SearchSpace, train: TrainConfig, dat
     return default_study_name(config, identity(config, space, train, data), default_identity(config, data))
 
 
+def differences(stored: Any, given: Any, path: str = "") -> list[tuple[str, Any, Any]]:
+    """``(dotted path, stored value, given value)`` of every leaf where two identities differ."""
+    if isinstance(stored, dict) and isinstance(given, dict):
+        found = []
+        for key in sorted(set(stored) | set(given), key=str):
+            found += differences(stored.get(key, "(absent)"), given.get(key, "(absent)"),
+                                 f"{path}.{key}" if path else str(key))
+        return found
+    return [] if stored == given else [(path or "identity", stored, given)]
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, default=str) if not isinstance(value, str) else value
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def check_identity(study: optuna.Study, ident: dict[str, Any], config: SearchConfig) -> None:
-    """``UsageError`` unless the stored study was made with this identity (waits while another worker writes it)."""
-    deadline = time.monotonic() + 60
-    while "nas:identity" not in study.user_attrs:  # another worker is creating it right now
-        if time.monotonic() > deadline:
-            raise UsageError(f"study {config.study_name!r} exists but was not made by nas search; "
-                             "choose another --study-name")
-        time.sleep(POLL_S)
-    stored = study.user_attrs["nas:identity"]
+    """``UsageError`` unless the stored study was made with this identity, naming what differs and its stored value.
+
+    A study without an identity that ``nas.study.session.unfilled`` does not recognise (trials or attributes of
+    another tool) was not made by ``nas search`` and is refused at once."""
+    stored = study.user_attrs.get("nas:identity")
+    if stored is None:
+        raise UsageError(f"study {config.study_name!r} exists but was not made by nas search; "
+                         "choose another --study-name")
     if stored != ident:
-        differ = sorted(k for k in set(stored) | set(ident) if stored.get(k) != ident.get(k))
+        found = differences(stored, ident)
+        shown = "; ".join(f"{path} is {_short(old)} there, {_short(new)} here" for path, old, new in found[:3])
+        more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
         raise UsageError(f"study {config.study_name!r} in {display_url(config.storage)} was created with other "
-                         f"{', '.join(differ)} settings; re-run with those or choose a new --study-name")
+                         f"settings: {shown}{more}; re-run with those or choose a new --study-name")

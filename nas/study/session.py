@@ -157,14 +157,62 @@ def open_search(config: SearchConfig, worker: int = 0, create: bool = True) -> S
         study = optuna.load_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner)
     search = Search(config, study, space, train, data, exhaustive=exhaustive, storage=storage,
                     study_id=storage.get_study_id_from_name(name), worker=worker)
-    if created:
-        baseline = search.baseline
-        study.enqueue_trial(space.params_of(baseline), user_attrs={"key": baseline.key(), "seed": train.seed,
-                                                                   "role": "baseline"})
-        study.set_user_attr("nas:identity", ident)
-        study.set_user_attr("nas:baseline_key", baseline.key())
-        study.set_user_attr("nas:preset", config.preset)
-        study.set_user_attr("nas:data", data.name)
-    else:
-        check_identity(study, ident, config)
+    if created or unfilled(study):
+        complete_study(search, ident)
+    check_identity(study, ident, config)
+    keep_replicates_policy(search)
     return search
+
+
+REPLICATES_ROLES = {"race": "race", "confirm": "race", "replicate": "fixed", "adaptive": "adaptive",
+                    "adaptive-confirm": "adaptive"}
+
+
+def unfilled(study: optuna.Study) -> bool:
+    """A study ``nas search`` created and was stopped before describing (Ctrl-C right after the row was made): no
+    identity, no attribute but ours, and no trial but the queued baseline. It is completed, never refused."""
+    attrs = study.user_attrs
+    return "nas:identity" not in attrs and all(key.startswith("nas:") for key in attrs) and all(
+        t.state == optuna.trial.TrialState.WAITING and t.user_attrs.get("role") == "baseline"
+        for t in study.get_trials(deepcopy=False))
+
+
+def complete_study(search: Search, ident: dict) -> None:
+    """What makes the study a shape search, in an order that a Ctrl-C anywhere leaves completable (``unfilled``):
+    its attributes, the baseline queued as trial 0, and its identity last, so that a worker who sees the identity
+    sees the rest. Two workers completing one interrupted study may both queue the baseline: the second is
+    answered from the first's result (``nas.study.trial``)."""
+    study, baseline = search.study, search.baseline
+    study.set_user_attr("nas:baseline_key", baseline.key())
+    study.set_user_attr("nas:preset", search.config.preset)
+    study.set_user_attr("nas:data", search.data.name)
+    study.set_user_attr("nas:replicates", search.config.replicates)
+    if not study.get_trials(deepcopy=False):
+        study.enqueue_trial(search.space.params_of(baseline), user_attrs={"key": baseline.key(),
+                                                                          "seed": search.train.seed,
+                                                                          "role": "baseline"})
+    study.set_user_attr("nas:identity", ident)
+
+
+def stored_replicates(study: optuna.Study) -> str | None:
+    """The replicates policy a study was begun with: its ``nas:replicates``, else (a study made before it was
+    stored) the policy its replicate trials' roles show; None when no replicate was planned yet."""
+    stored = study.user_attrs.get("nas:replicates")
+    if isinstance(stored, str):
+        return stored
+    roles = {t.user_attrs.get("role") for t in study.get_trials(deepcopy=False)}
+    found = {REPLICATES_ROLES[r] for r in roles if r in REPLICATES_ROLES}
+    return found.pop() if len(found) == 1 else None
+
+
+def keep_replicates_policy(search: Search) -> None:
+    """A study keeps the replicates policy it was begun with: a resumed search with another ``--replicates``
+    continues under the stored one and says so (switching mid-study would mix two allocations' seeds)."""
+    stored = stored_replicates(search.study)
+    if stored is None:
+        search.study.set_user_attr("nas:replicates", search.config.replicates)
+    elif stored != search.config.replicates:
+        search.notes.append(f"study {search.config.study_name!r} was begun with --replicates {stored}; it continues "
+                            f"with it, not {search.config.replicates} (a new --study-name starts a study with "
+                            f"{search.config.replicates})")
+        search.config = replace(search.config, replicates=stored)
