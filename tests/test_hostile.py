@@ -1,0 +1,377 @@
+"""What a careless or hostile user gives: paths the OS refuses, damaged storages, output targets that must not be
+replaced, closed standard output, data through loops of links. Each family is generated (hypothesis) over every
+command it reaches: one line on stderr, exit 2 for the user's input (1 for a standard output that is closed or
+full), no traceback, and nothing written where it should not be.
+
+Paths are checked in one place (``nas.files``), storages are opened in one place (``nas.study.storage.make_storage``
+and ``nas.study.sqlite_file``), outputs are written in one place (``nas.files.OutputFile``): these tests call the
+commands, not those functions, so a command that bypasses them fails here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sqlite3
+import stat
+import subprocess
+from pathlib import Path
+
+import optuna
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from search_helpers import NAS, nas_env
+from typer.testing import CliRunner
+
+from benchmarks.synthetic_studies import SyntheticSpec, synthetic_study
+from nas.arch import uniform
+from nas.cli import app
+
+pytestmark = pytest.mark.slow
+
+HOSTILE = settings(max_examples=40, deadline=None, derandomize=True,
+                   suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+INVALID_UTF8 = "bad\udcffname"  # what Python makes of a command-line byte 0xff (surrogateescape)
+
+
+def digest(path: Path) -> str:
+    """The file's sha256 (a file over 64 MB, such as a sparse one, by its size and mtime)."""
+    if not path.is_file():
+        return "missing"
+    info = path.stat()
+    if info.st_size > 64 * 2**20:
+        return f"{info.st_size}:{info.st_mtime_ns}"
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def place(tmp_path_factory) -> Path:
+    """A folder with a valid study, a shape file, and every kind of bad path a family draws from."""
+    root = tmp_path_factory.mktemp("hostile")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    synthetic_study(SyntheticSpec(space="prism", preset="tiny", trials=6), storage=f"sqlite:///{root / 'study.db'}",
+                    name="tiny")
+    (root / "arch.json").write_text(uniform(4, 32, 4, 256).to_json())
+    (root / "text.txt").write_text("hello, this is not a database\n" * 10)
+    (root / "empty.db").write_bytes(b"")
+    other = sqlite3.connect(root / "other.db")
+    other.execute("CREATE TABLE invoices (id INTEGER, total REAL)")
+    other.commit()
+    other.close()
+    good = (root / "study.db").read_bytes()
+    (root / "truncated.db").write_bytes(good[: len(good) // 3])
+    damaged = bytearray(good)
+    damaged[4096:6144] = b"\xa5" * 2048  # a page of the database overwritten
+    (root / "damaged.db").write_bytes(bytes(damaged))
+    newer = root / "newer.db"
+    newer.write_bytes(good)
+    with sqlite3.connect(newer) as db:
+        db.execute("UPDATE alembic_version SET version_num = 'v9.9.9.z'")
+        db.execute("UPDATE version_info SET library_version = '9.1.0'")
+    os.mkfifo(root / "fifo")
+    os.mknod(root / "chardev", stat.S_IFCHR | 0o666, os.makedev(1, 3))  # a /dev/null of our own
+    (root / "folder").mkdir()
+    (root / "readonly.json").write_text("[]\n")
+    (root / "readonly.json").chmod(0o444)
+    return root
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every file's digest (FIFOs and devices by their kind): what no refused command may change."""
+    found = {}
+    for path in sorted(root.rglob("*")):
+        if path.name.endswith(("-wal", "-shm", "-journal")):
+            continue  # SQLite's own companions of a file it read (the file itself must not change)
+        mode = path.lstat().st_mode
+        found[str(path.relative_to(root))] = digest(path) if stat.S_ISREG(mode) else stat.filemode(mode)
+    return found
+
+
+def refused(place: Path, args: list[str], code: int = 2) -> str:
+    """Run ``nas args`` in ``place``: one ``error:`` line, exit ``code``, no traceback, every file as it was."""
+    before = snapshot(place)
+    cwd = os.getcwd()
+    os.chdir(place)
+    try:
+        result = CliRunner().invoke(app, args)
+    finally:
+        os.chdir(cwd)
+    assert result.exception is None or isinstance(result.exception, SystemExit), (args, repr(result.exception))
+    lines = result.stderr.splitlines()
+    assert result.exit_code == code and len(lines) == 1 and lines[0].startswith("error: "), (args, result.output)
+    assert "Traceback" not in result.output, args
+    after = snapshot(place)
+    assert after == before, (args, {k: (before.get(k), after.get(k)) for k in set(before) | set(after)
+                                    if before.get(k) != after.get(k)})
+    return lines[0]
+
+
+# ----------------------------------------------------------------- paths the OS refuses, on every command
+BAD_INPUT_PATHS = {
+    "long name": "x" * 300 + ".json", "unknown user": "~nosuchuser4242/x.json", "invalid utf-8": INVALID_UTF8,
+    "fifo": "fifo", "device": "chardev", "folder": "folder", "missing": "missing/nothing.json",
+    "inside a file": "text.txt/x.json",
+}
+INPUT_COMMANDS = {
+    "train --config": lambda p: ["train", "--config", p, "--preset", "tiny", "--tokens", "256"],
+    "space show --config": lambda p: ["space", "show", "--config", p, "--layers", "4", "--d-model", "32", "--heads",
+                                      "4"],
+    "search --data": lambda p: ["search", "--preset", "tiny", "--trials", "1", "--data", p, "--storage",
+                                "sqlite:///new.db"],
+    "train --data": lambda p: ["train", "--config", "arch.json", "--preset", "tiny", "--tokens", "256", "--data", p],
+    "best --storage": lambda p: ["best", "--storage", f"sqlite:///{p}"],
+    "search --storage": lambda p: ["search", "--preset", "tiny", "--trials", "1", "--storage", f"sqlite:///{p}"],
+}
+
+
+@HOSTILE
+@given(family=st.sampled_from(sorted(BAD_INPUT_PATHS)), command=st.sampled_from(sorted(INPUT_COMMANDS)))
+def test_a_path_the_os_refuses_is_one_line_on_every_command(place, family, command):
+    path = BAD_INPUT_PATHS[family]
+    if family == "folder" and command.endswith("--data"):
+        return  # a folder of text is valid data
+    if family == "missing" and command == "search --storage":
+        return  # a missing SQLite file in a missing folder: refused, but covered by the output family
+    refused(place, INPUT_COMMANDS[command](path))
+
+
+# ----------------------------------------------------------------- storages that are no storage
+BAD_STORAGES = {
+    "text file": "sqlite:///text.txt", "truncated": "sqlite:///truncated.db", "damaged": "sqlite:///damaged.db",
+    "another program's": "sqlite:///other.db", "newer optuna": "sqlite:///newer.db",
+    "bad timeout": "sqlite:///study.db?timeout=abc", "unknown option": "sqlite:///study.db?mode=rw",
+    "file url": "file:///tmp/x.db", "sqlite file uri": "sqlite:///file:study.db", "fifo": "sqlite:///fifo",
+    "device": "sqlite:///chardev", "folder": "sqlite:///folder",
+}
+STORAGE_COMMANDS = {
+    "studies": lambda s: ["studies", "--storage", s], "best": lambda s: ["best", "--storage", s],
+    "export": lambda s: ["export", "--storage", s], "report": lambda s: ["report", "--storage", s, "-o", "r.html"],
+    "search": lambda s: ["search", "--preset", "tiny", "--trials", "1", "--storage", s],
+    "rerun": lambda s: ["rerun", "--preset", "tiny", "--storage", s, "--runs", "runs"],
+    "dashboard": lambda s: ["dashboard", "--storage", s, "--port", "1"],
+}
+
+
+@HOSTILE
+@given(family=st.sampled_from(sorted(BAD_STORAGES)), command=st.sampled_from(sorted(STORAGE_COMMANDS)))
+def test_a_storage_that_is_no_storage_is_one_line_and_left_as_it_was(place, family, command):
+    if command == "dashboard" and family not in ("bad timeout", "file url"):
+        return  # the dashboard's own check (the port) comes first for the others
+    line = refused(place, STORAGE_COMMANDS[command](BAD_STORAGES[family]))
+    if family == "newer optuna":
+        assert "Optuna 9.1.0" in line, line  # says which version made it
+    if family == "truncated" and command not in ("search",):
+        assert "damaged" in line or "not" in line, line
+
+
+@pytest.mark.parametrize("command", ["studies", "best", "export", "report"])
+@pytest.mark.parametrize("file", ["other.db", "empty.db", "study.db"])
+def test_a_read_only_command_never_writes_the_storage(place, tmp_path, command, file):
+    """Not a byte, not a table: ``nas studies`` on another program's database or an empty file used to create
+    Optuna's tables in it. A valid study is read without changing it either."""
+    copy = tmp_path / file
+    copy.write_bytes((place / file).read_bytes())
+    before = (digest(copy), copy.stat().st_mtime_ns)
+    args = STORAGE_COMMANDS[command](f"sqlite:///{copy}")
+    if command == "report":
+        args[-1] = str(tmp_path / "r.html")
+    result = CliRunner().invoke(app, args)
+    assert "Traceback" not in result.output and result.exception is None or isinstance(result.exception, SystemExit)
+    assert (digest(copy), copy.stat().st_mtime_ns) == before, (command, file)
+    tables = {row[0] for row in sqlite3.connect(f"file:{copy}?mode=ro", uri=True).execute(
+        "SELECT name FROM sqlite_master WHERE type='table'")}
+    assert ("studies" in tables) == (file == "study.db"), tables
+    if file == "study.db":
+        assert result.exit_code == 0, result.output
+    elif file == "empty.db" and command == "studies":
+        assert result.exit_code == 0 and "holds no study yet" in result.output
+    else:
+        assert result.exit_code == 2 and len(result.stderr.splitlines()) == 1, result.output
+
+
+def test_a_study_in_a_read_only_folder_is_readable(place, tmp_path):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    (folder / "study.db").write_bytes((place / "study.db").read_bytes())
+    (folder / "study.db").chmod(0o444)
+    folder.chmod(0o555)
+    try:
+        result = CliRunner().invoke(app, ["best", "--storage", f"sqlite:///{folder / 'study.db'}"])
+        assert result.exit_code == 0, result.output
+        assert sorted(p.name for p in folder.iterdir()) == ["study.db"]
+    finally:
+        folder.chmod(0o755)
+
+
+# ----------------------------------------------------------------- outputs that must be refused, not replaced
+BAD_OUTPUTS = {"character device": "chardev", "fifo": "fifo", "read-only file": "readonly.json", "folder": "folder",
+               "missing folder": "nowhere/out.json", "long name": "y" * 300 + ".json", "unknown user":
+               "~nosuchuser4242/out.json", "the dot": "."}
+OUTPUT_COMMANDS = {
+    "report -o": lambda o: ["report", "--storage", "sqlite:///study.db", "-o", o],
+    "export -o": lambda o: ["export", "--storage", "sqlite:///study.db", "-o", o],
+    "train -o": lambda o: ["train", "--config", "arch.json", "--preset", "tiny", "--tokens", "256", "-o", o],
+    "train --out": lambda o: ["train", "--config", "arch.json", "--preset", "tiny", "--tokens", "256", "--out", o],
+    "bench --out": lambda o: ["bench", "--smoke", "--only", "7", "--out", o],
+    "rerun --runs": lambda o: ["rerun", "--preset", "tiny", "--storage", "sqlite:///study.db", "--runs", o],
+}
+
+
+@HOSTILE
+@given(family=st.sampled_from(sorted(BAD_OUTPUTS)), command=st.sampled_from(sorted(OUTPUT_COMMANDS)))
+def test_an_output_target_that_cannot_be_written_is_refused_before_any_work(place, family, command):
+    if command in ("train --out", "bench --out", "rerun --runs") and family in ("folder", "the dot", "missing folder",
+                                                                                "read-only file"):
+        return  # these take a folder, made with its parents when missing (a file there: "fifo", "device" cover it)
+    refused(place, OUTPUT_COMMANDS[command](BAD_OUTPUTS[family]))
+
+
+def test_export_to_dash_writes_standard_output_and_no_file(place):
+    cwd = os.getcwd()
+    os.chdir(place)
+    try:
+        result = CliRunner().invoke(app, ["export", "--storage", "sqlite:///study.db", "-o", "-"])
+    finally:
+        os.chdir(cwd)
+    assert result.exit_code == 0 and result.stdout.lstrip().startswith("["), result.output
+    assert not (place / "-").exists()
+
+
+@pytest.mark.parametrize("how", ["full", "closed"])
+@pytest.mark.parametrize("command", [["best"], ["export"], ["space", "list", "--space", "prism"], ["presets"]])
+def test_a_full_or_closed_standard_output_is_one_line_and_exit_1(place, how, command):
+    args = [*command] + (["--storage", "sqlite:///study.db"] if command[0] in ("best", "export") else [])
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([*NAS, *args], cwd=place, env=nas_env(), stderr=subprocess.PIPE, text=True,
+                                timeout=120, stdout=full if how == "full" else None,
+                                preexec_fn=(lambda: os.close(1)) if how == "closed" else None)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert "standard output" in lines[0]
+
+
+# ----------------------------------------------------------------- data: loops, devices, damaged caches
+def test_a_glob_or_folder_through_loops_of_links_reads_each_file_once(tmp_path):
+    from nas.data import load_data
+
+    data = tmp_path / "data"
+    (data / "sub").mkdir(parents=True)
+    (data / "a.txt").write_text("a" * 4000)
+    (data / "sub" / "b.txt").write_text("b" * 4000)
+    (data / "sub" / "up").symlink_to("..")  # a loop: data/sub/up/sub/up/...
+    (data / "sub" / "again").symlink_to("..")  # a second one: glob.glob would visit 2^depth copies
+    (data / "sub" / "a-link.txt").symlink_to("../a.txt")  # the same real file under another name
+    cache = tmp_path / "cache"
+    # two real files and a separator: 8001 tokens (one folder down, b.txt and a-link.txt, which is a.txt)
+    for spec, expected in ((f"{data}/**/*.txt", 8001), (str(data), 8001), (f"{data}/*/*.txt", 8001),
+                           (f"{data}/**", 8001), (f"{data}/*/b.txt", 4000)):
+        loaded = load_data(spec, cache_dir=cache)
+        assert len(loaded.train) + len(loaded.val) == expected, spec
+
+
+def test_a_damaged_cache_entry_is_rebuilt(tmp_path):
+    import json
+
+    from nas.data import load_data
+
+    (tmp_path / "t.txt").write_text("hello world\n" * 500)
+    cache = tmp_path / "cache"
+    first = load_data(str(tmp_path / "t.txt"), cache_dir=cache)
+    for meta in cache.glob("text-*.json"):
+        entry = json.loads(meta.read_text())
+        meta.write_text(json.dumps({**entry, "n_train": "x"}))
+    again = load_data(str(tmp_path / "t.txt"), cache_dir=cache)
+    assert (len(again.train), again.fingerprint) == (len(first.train), first.fingerprint)
+
+
+def test_a_sparse_file_and_an_object_array_are_named_for_what_they_are(tmp_path):
+    import numpy as np
+
+    sparse = tmp_path / "huge.txt"
+    with open(sparse, "wb") as file:
+        file.truncate(50 * 2**30)  # 50 GB of holes: read whole it was a MemoryError
+    line = refused(tmp_path, ["search", "--preset", "tiny", "--trials", "1", "--data", str(sparse), "--storage",
+                              f"sqlite:///{tmp_path / 'x.db'}"])
+    assert "sparse" in line and "50.0 GB" in line
+    np.save(tmp_path / "objects.npy", np.array([{"a": 1}], dtype=object))
+    line = refused(tmp_path, ["search", "--preset", "tiny", "--trials", "1", "--data", str(tmp_path / "objects.npy"),
+                              "--storage", f"sqlite:///{tmp_path / 'x.db'}"])
+    assert "Python objects" in line and "allow_pickle" not in line
+
+
+# ----------------------------------------------------------------- names and hints
+@pytest.mark.parametrize("name", ["\x1b[31mred", "bell\x07", "line\u2028break", "bidi\u202eevil", INVALID_UTF8])
+@pytest.mark.parametrize("command", ["best", "report", "export", "search", "rerun"])
+def test_a_study_name_that_does_not_print_is_refused_and_shown_escaped(place, name, command):
+    args = {"search": ["search", "--preset", "tiny", "--trials", "1", "--storage", "sqlite:///study.db"],
+            "rerun": ["rerun", "--preset", "tiny", "--storage", "sqlite:///study.db"]}.get(
+        command, [command, "--storage", "sqlite:///study.db"])
+    line = refused(place, [*args, "--study-name", name])
+    assert line.isprintable() and "\x1b" not in line, line
+
+
+def test_the_next_hints_quote_a_study_name_as_a_shell_would(tmp_path):
+    from nas.cli.search import search  # noqa: F401 - the command whose hint is read below
+
+    name = "x$(touch pwned)"
+    result = CliRunner().invoke(app, ["search", "--preset", "tiny", "--trials", "1", "--study-name", name,
+                                      "--storage", f"sqlite:///{tmp_path / 'q.db'}", "--workers", "1", "--threads",
+                                      "1"])
+    assert result.exit_code == 0, result.output
+    hint = result.stderr.strip().splitlines()[-1]
+    assert "--study-name 'x$(touch pwned)'" in hint, hint
+
+
+def test_the_dashboard_on_a_busy_port_is_one_line(place):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        line = refused(place, ["dashboard", "--storage", "sqlite:///study.db", "--port", str(port)])
+    assert f"127.0.0.1:{port}" in line and "--port" in line
+
+
+# ----------------------------------------------------------------- a study interrupted while it was being made
+def tiny_search(tmp_path: Path, *extra: str) -> list[str]:
+    return ["search", "--preset", "tiny", "--trials", "1", "--storage", f"sqlite:///{tmp_path / 'nas.db'}",
+            "--study-name", "s", "--workers", "1", "--threads", "1", *extra]
+
+
+@pytest.mark.parametrize("stage", ["row only", "attributes, no baseline", "baseline queued, no identity"])
+def test_a_study_stopped_while_being_made_is_completed_on_resume_not_refused(tmp_path, stage):
+    """Ctrl-C right after the study row was made left a study with no identity, and the same command then waited a
+    minute and refused the name for good. Each stage of the making, interrupted, is completed by the next run."""
+    storage = f"sqlite:///{tmp_path / 'nas.db'}"
+    study = optuna.create_study(storage=storage, study_name="s")
+    if stage != "row only":
+        study.set_user_attr("nas:preset", "tiny")
+    if stage == "baseline queued, no identity":
+        base = uniform(4, 32, 4, 256)
+        study.enqueue_trial({"schedule": 0}, user_attrs={"key": base.key(), "seed": 0, "role": "baseline"},
+                            skip_if_exists=False)
+    result = CliRunner().invoke(app, tiny_search(tmp_path))
+    assert result.exit_code == 0, result.output
+    study = optuna.load_study(study_name="s", storage=storage)
+    assert "nas:identity" in study.user_attrs
+    done = [t for t in study.get_trials() if t.state == optuna.trial.TrialState.COMPLETE]
+    assert done and done[0].user_attrs["role"] == "baseline"
+
+
+def test_a_study_resumed_with_other_settings_names_the_setting_and_its_stored_value(tmp_path):
+    assert CliRunner().invoke(app, tiny_search(tmp_path)).exit_code == 0
+    line = refused(tmp_path, tiny_search(tmp_path, "--tokens", "8k"))
+    assert "train.tokens is 4096 there, 8000 here" in line, line
+
+
+def test_a_study_keeps_its_replicates_policy_when_resumed_with_another(tmp_path):
+    first = CliRunner().invoke(app, tiny_search(tmp_path, "--replicates", "race"))
+    assert first.exit_code == 0, first.output
+    again = CliRunner().invoke(app, [*tiny_search(tmp_path, "--replicates", "fixed")[:4], "2",
+                                     *tiny_search(tmp_path, "--replicates", "fixed")[5:]])
+    assert again.exit_code == 0, again.output
+    assert "was begun with --replicates race; it continues with it, not fixed" in again.stderr, again.stderr
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 'nas.db'}")
+    assert study.user_attrs["nas:replicates"] == "race"
