@@ -15,6 +15,14 @@ the panel's own quality (``panel_quality``): the pooled seed sd of a shape's sco
 against the baseline, the spread of the shapes' true means, and Kendall tau between the shape
 means of its two halves of seeds (0-1 against 2-3) with a bootstrap interval over seeds. A
 panel whose halves disagree ranks nothing, and no proxy can be shown to agree with it.
+
+``--space hourglass`` builds the width-depth-FFN axis's panel the same way (``HOURGLASS_FILE``):
+the conventional baseline and ``HOURGLASS_PANEL``, sixteen members of the ``cpu`` proxy's default
+Hourglass grid (``nas space list --space hourglass``) spread over depth (2-24 layers at one
+parameter budget, d_model / L from about 4 to 170), K (1-8) and d_h / d_model (0.2-1.0).
+
+Runs are written to the file as they finish (``"complete": false`` until the last), and the same
+command resumes from them: a cut-off run keeps what it had.
 """
 
 from __future__ import annotations
@@ -30,16 +38,24 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 REFERENCE_FILE = Path(__file__).parent / "data" / "reference_panel.json"
+HOURGLASS_FILE = Path(__file__).parent / "data" / "reference_panel_hourglass.json"
 PANEL = ("1x4,12x8", "2x4,12x8", "4x2,12x10", "8x4,12x8", "1x2,4x4,12x6", "2x3,3x3,12x6", "3x2,8x2,12x8",
          "6x2,8x3,12x7", "2x2,8x4,12x6", "1x2,2x2,4x2,12x6", "2x2,3x2,6x2,12x6", "3x2,4x2,8x2,12x6")
 SEEDS = (0, 1, 2, 3)
 EVAL_TOKENS = 8_192
 SMOKE_PANEL = ("1x2,4x2", "2x2,4x2")
+# grid points (K, L, d_h / d_model) of the cpu proxy's default Hourglass grid; each names the member solved from it
+HOURGLASS_PANEL = ((1, 2, 0.5), (1, 3, 0.5), (1, 4, 0.5), (1, 6, 0.5), (1, 9, 0.5), (1, 12, 0.6), (1, 18, 0.6),
+                   (1, 24, 0.6), (1, 6, 0.2), (1, 6, 1.0), (2, 3, 0.3), (2, 6, 0.4), (2, 12, 0.3), (4, 2, 0.3),
+                   (4, 6, 0.3), (8, 6, 0.2))
+SMOKE_HOURGLASS_PANEL = ((1, 2, 0.5), (2, 4, 0.3))
+SPACES = ("prism", "hourglass")
 
 
 def parse_schedule(text: str) -> tuple[int, ...]:
@@ -51,15 +67,25 @@ def parse_schedule(text: str) -> tuple[int, ...]:
     return tuple(heads)
 
 
-def panel_shapes(smoke: bool = False) -> list[Any]:
-    """The baseline and the panel's schedules as ``ArchConfig``s, each checked to be a member of the space."""
+def panel_file(space: str) -> Path:
+    return HOURGLASS_FILE if space == "hourglass" else REFERENCE_FILE
+
+
+def panel_shapes(smoke: bool = False, space_name: str = "prism") -> list[Any]:
+    """The baseline and the panel's shapes as ``ArchConfig``s, each checked to be a member of the space."""
     from runners.presets import get_preset
     from search_spaces.factory import SpaceOptions, build_space
+    from search_spaces.hourglass import GridPoint
 
     preset = get_preset("tiny" if smoke else "cpu")
-    space = build_space(SpaceOptions(space="prism"), defaults=preset.baseline)
+    space = build_space(SpaceOptions(space=space_name), defaults=preset.baseline)
     base = space.baseline()
-    shapes = [base] + [base.replace(heads=list(parse_schedule(s))) for s in (SMOKE_PANEL if smoke else PANEL)]
+    if space_name == "hourglass":
+        points = SMOKE_HOURGLASS_PANEL if smoke else HOURGLASS_PANEL
+        shapes = [base] + [space.member_at(GridPoint(k, layers, ratio)) for k, layers, ratio in points]
+    else:
+        shapes = [base] + [base.replace(heads=list(parse_schedule(s))) for s in (SMOKE_PANEL if smoke else PANEL)]
+    assert len({a.key() for a in shapes}) == len(shapes), "panel shapes must differ"
     for arch in shapes:
         problems = space.validate(arch)
         assert not problems, (arch.label(), problems)
@@ -74,12 +100,22 @@ def panel_train(smoke: bool = False) -> Any:
     return get_preset("cpu-long").train.with_(eval_tokens=EVAL_TOKENS, threads=1)
 
 
-def _train_one(job: tuple[dict, dict, int, str | None, int]) -> dict[str, Any]:
-    """One run in a worker process pinned to one core: the shape's final loss, curves and time."""
-    arch_dict, train_dict, seed, cache_dir, core = job
+_CORE: int | None = None  # this worker process's core, taken once from the pool's queue (``_take_core``)
+
+
+def _take_core(cores: Any) -> None:
+    """Pool initializer: pin this worker process to one core for its whole life, so that two runs never share a
+    core while another idles (pinning by job index did: a worker that finished early took the other's core)."""
+    global _CORE
+    _CORE = cores.get()
     if hasattr(os, "sched_setaffinity"):
-        cores = sorted(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, {cores[core % len(cores)]})
+        allowed = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {allowed[_CORE % len(allowed)]})
+
+
+def _train_one(job: tuple[dict, dict, int, str | None]) -> dict[str, Any]:
+    """One run in a worker process pinned to one core: the shape's final loss, curves and time."""
+    arch_dict, train_dict, seed, cache_dir = job
     from nas.arch import ArchConfig
     from nas.data import load_data
     from runners.config import TrainConfig
@@ -87,26 +123,40 @@ def _train_one(job: tuple[dict, dict, int, str | None, int]) -> dict[str, Any]:
 
     arch, cfg = ArchConfig.from_dict(arch_dict), TrainConfig.from_dict(train_dict).with_(seed=seed)
     result = run(arch, cfg, load_data("builtin", cache_dir=cache_dir))
-    return {"key": arch.key(), "heads": list(arch.heads), "seed": seed, "status": result.status,
-            "val_loss": result.val_loss, "eval_curve": [list(p) for p in result.eval_curve],
+    return {"key": arch.key(), "label": arch.label(), "heads": list(arch.heads), "seed": seed,
+            "status": result.status, "val_loss": result.val_loss, "eval_curve": [list(p) for p in result.eval_curve],
             "train_curve": [list(p) for p in result.train_curve], "wall_time_s": result.wall_time_s,
             "tokens_per_s": result.tokens_per_s}
 
 
 def train_runs(shapes: list[Any], train: Any, seeds: tuple[int, ...], cache_dir: str | None = None,
-               processes: int = 2, progress: bool = True) -> list[dict[str, Any]]:
-    """Every (shape, seed) of the panel, ``processes`` at a time (one core each), in a fixed order."""
-    jobs = [(arch.to_dict(), train.to_dict(), seed, cache_dir, i % processes)
-            for i, (seed, arch) in enumerate((seed, arch) for seed in seeds for arch in shapes)]
-    started, runs = time.perf_counter(), []
+               processes: int = 2, progress: bool = True, done: list[dict[str, Any]] | None = None,
+               on_run: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
+    """Every (shape, seed) of the panel, ``processes`` at a time (one core each), in a fixed order.
+
+    ``done``: runs already made (by key and seed), kept and not trained again; ``on_run`` is called with every
+    run so far after each one finishes (to write them as they come)."""
+    runs = list(done or [])
+    have = {(r["key"], int(r["seed"])) for r in runs}
+    jobs = [(arch.to_dict(), train.to_dict(), seed, cache_dir)
+            for seed in seeds for arch in shapes if (arch.key(), seed) not in have]
+    started, total, fresh = time.perf_counter(), len(runs) + len(jobs), 0
+    if not jobs:
+        return runs
     context = multiprocessing.get_context("spawn")
-    with context.Pool(processes, maxtasksperchild=8) as pool:
+    cores = context.Queue()
+    for core in range(processes):
+        cores.put(core)
+    with context.Pool(processes, initializer=_take_core, initargs=(cores,)) as pool:
         for run in pool.imap(_train_one, jobs):
             runs.append(run)
+            fresh += 1
+            if on_run is not None:
+                on_run(runs)
             if progress:
                 elapsed = time.perf_counter() - started
-                print(f"[{len(runs)}/{len(jobs)}] seed {run['seed']} {run['key']}: {run['val_loss']:.4f} "
-                      f"({run['wall_time_s']:.0f} s; ETA {elapsed / len(runs) * (len(jobs) - len(runs)) / 60:.0f} "
+                print(f"[{len(runs)}/{total}] seed {run['seed']} {run['label']}: {run['val_loss']:.4f} "
+                      f"({run['wall_time_s']:.0f} s; ETA {elapsed / fresh * (total - len(runs)) / 60:.0f} "
                       "min)", file=sys.stderr, flush=True)
     return runs
 
@@ -185,25 +235,63 @@ def _commit() -> str:
         return "unknown"
 
 
-def build_panel(smoke: bool = False, cache_dir: str | None = None, processes: int = 2) -> dict[str, Any]:
+def shape_record(arch: Any) -> dict[str, Any]:
+    return {"key": arch.key(), "label": arch.label(), "heads": list(arch.heads), "n_layers": arch.n_layers,
+            "d_model": arch.d_model, "k": arch.ffn.k, "d_h": arch.ffn.hidden, "params": arch.n_params()["total"]}
+
+
+def build_panel(smoke: bool = False, cache_dir: str | None = None, processes: int = 2, space: str = "prism",
+                out: Path | None = None) -> dict[str, Any]:
+    """Train (or finish) the panel; with ``out``, every run is written there as it finishes and runs already in an
+    unfinished file of the same setup are kept."""
     import torch
 
     from benchmarks.harness import machine_info
 
-    shapes, train = panel_shapes(smoke), panel_train(smoke)
+    shapes, train = panel_shapes(smoke, space), panel_train(smoke)
     seeds = SEEDS[:2] if smoke else SEEDS
-    started = time.perf_counter()
-    runs = train_runs(shapes, train, seeds, cache_dir, processes)
-    return {
-        "what": "reference panel: the baseline and Prism schedules of the cpu proxy's space, 8x the proxy's tokens",
+    what = (f"reference panel: the baseline and {len(shapes) - 1} members of the cpu proxy's default Hourglass grid "
+            "(one parameter budget), 8x the proxy's tokens" if space == "hourglass" else
+            "reference panel: the baseline and Prism schedules of the cpu proxy's space, 8x the proxy's tokens")
+    panel: dict[str, Any] = {
+        "what": what, "space": space, "complete": False,
         "made": {"commit": _commit(), "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                  "machine": {**machine_info(1, "cpu"), "platform": platform.platform(), "torch": torch.__version__},
-                 "wall_time_s": time.perf_counter() - started, "processes": processes,
-                 "command": "python -m benchmarks.reference_panel" + (" --smoke" if smoke else "")},
+                 "wall_time_s": 0.0, "processes": processes,
+                 "command": "python -m benchmarks.reference_panel" + (f" --space {space}" if space != "prism" else "")
+                 + (" --smoke" if smoke else "")},
         "train": train.to_dict(), "data": "builtin", "baseline": shapes[0].key(),
-        "shapes": [{"key": a.key(), "heads": list(a.heads), "label": a.label()} for a in shapes],
-        "seeds": list(seeds), "runs": runs, "quality": panel_quality(runs, shapes[0].key()),
+        "shapes": [shape_record(a) for a in shapes], "seeds": list(seeds), "runs": [],
     }
+    done: list[dict[str, Any]] = []
+    if out is not None and out.exists():
+        stored = json.loads(out.read_text())
+        if not stored.get("complete", True) and stored.get("train") == panel["train"] \
+                and [s["key"] for s in stored.get("shapes", [])] == [a.key() for a in shapes]:
+            done = stored["runs"]
+            panel["made"]["wall_time_s"] = stored["made"].get("wall_time_s", 0.0)
+            print(f"resuming {out}: {len(done)} runs kept", file=sys.stderr, flush=True)
+    before, started = panel["made"]["wall_time_s"], time.perf_counter()
+
+    def write(runs: list[dict[str, Any]]) -> None:
+        panel["runs"] = runs
+        panel["made"]["wall_time_s"] = before + time.perf_counter() - started
+        if out is not None:
+            _write_json(out, panel)
+
+    runs = train_runs(shapes, train, seeds, cache_dir, processes, done=done, on_run=write)
+    write(runs)
+    panel["complete"] = True
+    panel["quality"] = panel_quality(runs, shapes[0].key())
+    return panel
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    """Whole or not at all: a temporary file beside ``path``, then an atomic rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)
 
 
 def load_panel(path: Path = REFERENCE_FILE) -> dict[str, Any]:
@@ -212,19 +300,23 @@ def load_panel(path: Path = REFERENCE_FILE) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.reference_panel", description=__doc__.split("\n")[0])
+    parser.add_argument("--space", choices=SPACES, default="prism", help="the axis: Prism schedules or the "
+                        "Hourglass grid (width, depth, K, d_h/d_model)")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes and tokens: checks the code (seconds)")
-    parser.add_argument("--out", type=Path, default=REFERENCE_FILE, help="the JSON file to write")
+    parser.add_argument("--out", type=Path, default=None, help="the JSON file to write (default: the space's file "
+                        "in benchmarks/data)")
     parser.add_argument("--processes", type=int, default=2, help="runs at a time, one core each")
     parser.add_argument("--cache-dir", default=None, help="data cache (default $NAS_CACHE or the user cache)")
     args = parser.parse_args(argv)
-    panel = build_panel(args.smoke, args.cache_dir, max(1, args.processes))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(panel, indent=1) + "\n")
+    out = args.out or panel_file(args.space)
+    panel = build_panel(args.smoke, args.cache_dir, max(1, args.processes), args.space, out)
+    _write_json(out, panel)
     q = panel["quality"]
-    print(f"wrote {args.out}: {len(panel['runs'])} runs in {panel['made']['wall_time_s'] / 60:.1f} min; seed sd "
+    print(f"wrote {out}: {len(panel['runs'])} runs in {panel['made']['wall_time_s'] / 60:.1f} min; seed sd "
           f"{q['seed_sd']:.4f}, paired sd {q['paired_sd']:.4f}, spread {q['true_mean_spread']:.4f}, separation "
           f"{q['separation']:.2f}, halves tau {q['halves_kendall_tau']['tau']:+.2f} "
-          f"[{q['halves_kendall_tau']['low']:+.2f}, {q['halves_kendall_tau']['high']:+.2f}]")
+          f"[{q['halves_kendall_tau']['low']:+.2f}, {q['halves_kendall_tau']['high']:+.2f}], split tau "
+          f"{q['split_tau']:+.2f}")
     return 0
 
 

@@ -42,7 +42,10 @@ if TYPE_CHECKING:
 DEFAULT_K_VALUES = (1, 2, 4, 6, 8)
 MAX_GRID_POINTS = 20_000  # solving is milliseconds a point: a grid larger than this is a typo
 DEFAULT_RATIO_VALUES = (0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0)
-DEFAULT_LAYER_FACTORS = (0.5, 0.75, 1.0, 1.5, 2.0)  # default L grid: these multiples of the baseline's L
+# default L grid: these multiples of the baseline's L (2, 3, 4, 6, 9, 12, 18, 24 at L = 12). The shallow end puts
+# d_model / L between about 100 and 180 at the cpu budget, where the Hourglass paper's U-shaped width-depth curve has
+# its optimum (100-250 at 113M), so both branches of the U lie inside the grid.
+DEFAULT_LAYER_FACTORS = (1 / 6, 0.25, 1 / 3, 0.5, 0.75, 1.0, 1.5, 2.0)
 FIX_CHOICES = ("attention",)
 
 
@@ -255,7 +258,7 @@ class HourglassSpace(SearchSpace):
         return reasons or ["not the solver's shape for any grid point (one d_model and d_h per point; "
                            "see `nas space list --space hourglass`)"]
 
-    def _nearest_member(self, point: GridPoint) -> ArchConfig:
+    def member_at(self, point: GridPoint) -> ArchConfig:
         """The member solved from ``point``, else the nearest matched point's (keep K, then L, then the ratio)."""
         by_point = self._solved.by_point
         if point in by_point:
@@ -281,10 +284,10 @@ class HourglassSpace(SearchSpace):
             return self._baseline
         k = trial.suggest_categorical("k", self.k_values)
         if self.fix:
-            return self._nearest_member(GridPoint(k, self._baseline.n_layers, None))
+            return self.member_at(GridPoint(k, self._baseline.n_layers, None))
         layers = trial.suggest_categorical("layers", self.layer_values)
         ratio = trial.suggest_categorical("d_h_over_d_model", self.ratio_values)
-        return self._nearest_member(GridPoint(layers=layers, k=k, ratio=ratio))
+        return self.member_at(GridPoint(layers=layers, k=k, ratio=ratio))
 
     def params_of(self, arch: ArchConfig) -> dict[str, Any]:
         self._require_member(arch)

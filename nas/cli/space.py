@@ -61,7 +61,7 @@ BudgetOpt = Annotated[str | None, typer.Option("--budget", help=f"{_H}: paramete
 KValuesOpt = Annotated[str | None, typer.Option("--k-values", help=f"{_H}: FFN stack depths K, comma-separated "
                                                    "(default 1,2,4,6,8).", show_default=False)]
 LayerValuesOpt = Annotated[str | None, typer.Option("--layer-values", help=f"{_H}: depths L, comma-separated "
-                                                       "(default L/2,3L/4,L,3L/2,2L).", show_default=False)]
+                                                       "(default L/6,L/4,L/3,L/2,3L/4,L,3L/2,2L).", show_default=False)]
 RatioValuesOpt = Annotated[str | None, typer.Option("--ratio-values", help=f"{_H}: d_h/d_model targets, "
                                                        "comma-separated (default 0.2,0.3,0.4,0.5,0.6,0.8,1).",
                                                        show_default=False)]
