@@ -9,6 +9,10 @@ One block of the decoder (pre-norm, LLaMA-style)::
 ``hidden = d_h < d_model`` is the Hourglass FFN (stacked wide-narrow-wide residual
 sub-MLPs). A head schedule ``heads = (h_1, ..., h_L)`` is the Prism knob; the projections
 stay ``d_model x d_model`` whatever the schedule, so parameters and FLOPs do not depend on it.
+``kv_heads = (kv_1, ..., kv_L)`` is grouped-query attention (Ainslie et al. 2023, GQA): layer ``l``
+keeps ``kv_l`` key/value heads (``kv_l`` divides ``h_l``; each serves ``h_l / kv_l`` query heads), so
+its W_K and W_V shrink to ``kv_l d_head_l x d_model``, and so does its KV cache; empty means
+``kv_l = h_l`` (multi-head attention), and an MHA shape's key, label and JSON are what they always were.
 
 This module imports no torch: search spaces count and validate shapes without it.
 """
@@ -22,6 +26,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from nas.errors import UsageError
+
+KV_CACHE_BYTES = 2  # bytes per cached key or value: bf16/fp16, what inference keeps (fp32 would double every figure)
 
 # The largest shape this tool builds: far beyond any model it searches, small enough that a typo
 # (--layers 10000000) is refused at once instead of allocating or enumerating for hours.
@@ -111,6 +117,7 @@ class ArchConfig:
     tie_embeddings: bool = True  # GPT-2 ties input and output embeddings; LLaMA does not
     rope_theta: float = 10000.0  # rotary base (LLaMA 1/2)
     norm_eps: float = 1e-5  # RMSNorm epsilon (LLaMA)
+    kv_heads: tuple[int, ...] = ()  # key/value heads per layer (GQA); () = one per query head, kv_l = h_l
 
     def __post_init__(self) -> None:
         if isinstance(self.heads, (str, bytes)) or not all(isinstance(h, int) and not isinstance(h, bool)
@@ -145,11 +152,47 @@ class ArchConfig:
                     f"heads[layer {layer}]={h} does not divide d_model={self.d_model}; "
                     f"divisors <= {limit} are {valid}"
                 )
+        self._check_kv_heads()
         total = self.n_params()["total"]
         if total > MAX_PARAMS:
             raise UsageError(f"this shape has {total:,} parameters: at most {MAX_PARAMS:,}")
 
+    def _check_kv_heads(self) -> None:
+        """``kv_heads``: () or one count per layer dividing that layer's heads; stored as () when it equals ``heads``
+        (multi-head attention), so an MHA shape equals, keys and serialises as it did before GQA existed."""
+        kv = self.kv_heads
+        if isinstance(kv, (str, bytes)) or not all(isinstance(n, int) and not isinstance(n, bool) for n in kv):
+            raise UsageError(f"kv_heads={kv!r} is invalid: give one integer key/value head count per layer")
+        kv = tuple(kv)
+        if kv and len(kv) != self.n_layers:
+            raise UsageError(f"kv_heads has {len(kv)} entries but n_layers={self.n_layers}: give one key/value head "
+                             "count per layer")
+        for layer, (h, n) in enumerate(zip(self.heads, kv), start=1):
+            if n < 1 or h % n:
+                valid = ",".join(map(str, divisors_up_to(h, h)))
+                raise UsageError(f"kv_heads[layer {layer}]={n} does not divide that layer's {h} heads; "
+                                 f"valid key/value head counts are {valid}")
+        object.__setattr__(self, "kv_heads", () if kv == self.heads else kv)
+
     # ----------------------------------------------------------------- accounting
+    @property
+    def grouped(self) -> bool:
+        """Whether some layer shares key/value heads among query heads (GQA or MQA)."""
+        return bool(self.kv_heads)
+
+    def kv_per_layer(self) -> tuple[int, ...]:
+        """``kv_l`` per layer: ``kv_heads``, or ``heads`` for multi-head attention."""
+        return self.kv_heads or self.heads
+
+    def kv_groups(self) -> tuple[int, ...]:
+        """``h_l / kv_l`` per layer: query heads per key/value head (1 = multi-head, ``h_l`` = multi-query)."""
+        return tuple(h // n for h, n in zip(self.heads, self.kv_per_layer()))
+
+    def kv_cache_bytes_per_token(self, bytes_per_value: int = KV_CACHE_BYTES) -> int:
+        """Bytes of KV cache one token of context costs at inference: ``2 sum_l kv_l d_head_l bytes`` (a key and a
+        value vector of ``d_head_l`` per key/value head and layer)."""
+        return 2 * sum(n * (self.d_model // h) for h, n in zip(self.heads, self.kv_per_layer())) * bytes_per_value
+
     def sub_mlp_hidden(self, layer: int, index: int) -> int:
         """Hidden size of sub-MLP ``index`` (0-based) of layer ``layer`` (0-based)."""
         return self.ffn.hidden + (layer * self.ffn.k + index < self.ffn.wider)
@@ -162,7 +205,8 @@ class ArchConfig:
         """Exact parameter count by part; equals ``sum(p.numel())`` of ``nas.model.Transformer``.
 
         - embedding: ``V d`` (token table) ``+ V d`` for an untied output head
-        - attention: ``L * 4 d^2`` (W_Q, W_K, W_V, W_O, no biases; independent of the head schedule)
+        - attention: ``sum_l (2 d^2 + 2 d kv_l d_head_l)`` (W_Q, W_O ``d x d``; W_K, W_V ``kv_l d_head_l x d``; no
+          biases): ``L * 4 d^2`` for multi-head attention, whatever the head schedule
         - ffn: ``3 d (L K d_h + wider)`` (SwiGLU gate, up and down projections; ``wider`` sub-MLPs have d_h + 1)
         - norm: ``L (1 + K) d + d`` (one RMSNorm gain before attention, one per sub-MLP, one final)
         """
@@ -170,7 +214,7 @@ class ArchConfig:
         k, hidden = self.ffn.k, self.ffn.hidden
         parts = {
             "embedding": V * d * (1 if self.tie_embeddings else 2),
-            "attention": L * 4 * d * d,
+            "attention": sum(2 * d * d + 2 * d * n * (d // h) for h, n in zip(self.heads, self.kv_per_layer())),
             "ffn": 3 * d * (L * k * hidden + self.ffn.wider),
             "norm": L * (1 + k) * d + d,
         }
@@ -185,7 +229,8 @@ class ArchConfig:
         used in matmuls (attention, FFN and the output head ``V d``; not the embedding lookup
         nor the norm gains) and the second term is attention's ``QK^T`` and ``AV`` (2 matmuls
         x 2 FLOPs x 3 for forward + backward) over a context of ``T`` tokens, summed per layer
-        with each layer's own head count (``h_l * d_head_l = d``, so the schedule cancels).
+        with each layer's own head count (``h_l * d_head_l = d``, so the schedule cancels). Grouped key/value
+        heads shrink ``N_matmul`` (W_K, W_V) but not this term: every query head still scores every key.
         """
         p = self.n_params()
         n_matmul = p["attention"] + p["ffn"] + self.vocab_size * self.d_model
@@ -196,15 +241,19 @@ class ArchConfig:
     def key(self) -> str:
         """Canonical string: two configs train the same model iff their keys are equal."""
         heads = ",".join(map(str, self.heads))
+        kv = f"-kv[{','.join(map(str, self.kv_heads))}]" if self.kv_heads else ""  # only GQA shapes: MHA keys unchanged
         tie = "tied" if self.tie_embeddings else "untied"
         return (
-            f"L{self.n_layers}-d{self.d_model}-h[{heads}]-K{self.ffn.k}x{self._ffn_text()}"
+            f"L{self.n_layers}-d{self.d_model}-h[{heads}]{kv}-K{self.ffn.k}x{self._ffn_text()}"
             f"-V{self.vocab_size}-{tie}-rope{self.rope_theta:g}-eps{self.norm_eps:g}"
         )
 
     def label(self) -> str:
-        """Short human description for progress lines and tables: ``h=3x2,6x2,12x8 K1x256 d96 L12``."""
-        return f"h={format_plateaus(self.heads)} K{self.ffn.k}x{self._ffn_text()} d{self.d_model} L{self.n_layers}"
+        """Short human description for progress lines and tables: ``h=3x2,6x2,12x8 K1x256 d96 L12``, with the
+        key/value heads after the heads when they are grouped: ``h=12x12 kv=4x6,2x6 K1x268+4 d96 L12``."""
+        kv = f" kv={format_plateaus(self.kv_heads)}" if self.kv_heads else ""
+        return (f"h={format_plateaus(self.heads)}{kv} K{self.ffn.k}x{self._ffn_text()} d{self.d_model} "
+                f"L{self.n_layers}")
 
     def _ffn_text(self) -> str:
         """``256``, or ``24+7`` when 7 sub-MLPs have 25."""
@@ -217,6 +266,8 @@ class ArchConfig:
             "layers": self.n_layers,
             "d_model": self.d_model,
             "heads": list(self.heads),
+            "kv_heads": list(self.kv_per_layer()),
+            "kv_cache_bytes_per_token": self.kv_cache_bytes_per_token(),
             "k": self.ffn.k,
             "d_h": self.ffn.hidden,
             "vocab_size": self.vocab_size,
@@ -232,6 +283,10 @@ class ArchConfig:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["heads"] = list(self.heads)
+        if self.kv_heads:
+            data["kv_heads"] = list(self.kv_heads)
+        else:  # the dict of a multi-head shape is the one it always was
+            del data["kv_heads"]
         if not self.ffn.wider:  # the dict of a shape without wider sub-MLPs is the one it always was
             del data["ffn"]["wider"]
         return data
@@ -241,7 +296,8 @@ class ArchConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ArchConfig:
-        known = {"n_layers", "d_model", "heads", "ffn", "vocab_size", "tie_embeddings", "rope_theta", "norm_eps"}
+        known = {"n_layers", "d_model", "heads", "ffn", "vocab_size", "tie_embeddings", "rope_theta", "norm_eps",
+                 "kv_heads"}
         if not isinstance(data, dict):
             raise UsageError(f"an ArchConfig is a JSON object, not {type(data).__name__}")
         unknown = sorted(set(data) - known)
@@ -265,7 +321,17 @@ class ArchConfig:
         return cls.from_dict(json.loads(text))
 
     def replace(self, **changes: Any) -> ArchConfig:
+        """This shape with ``changes``. New ``heads`` without new ``kv_heads`` keep each layer's group size
+        ``h_l / kv_l`` (a ``UsageError`` where it does not divide the new count)."""
         data = self.to_dict()
+        if "heads" in changes and "kv_heads" not in changes and self.kv_heads:
+            heads = list(changes["heads"])
+            groups = self.kv_groups()
+            if len(heads) != len(groups) or any(h % g for h, g in zip(heads, groups)):
+                raise UsageError(f"heads {format_plateaus(heads)} cannot keep the group sizes "
+                                 f"{format_plateaus(groups)} of kv_heads {format_plateaus(self.kv_heads)}: "
+                                 "give kv_heads")
+            data["kv_heads"] = [h // g for h, g in zip(heads, groups)]
         data.update(changes)
         return ArchConfig.from_dict(data)
 

@@ -82,6 +82,11 @@ def _check_numbers(data: dict[str, Any], source: str) -> None:
     if "heads" in data and (not isinstance(heads, list) or
                             any(isinstance(h, bool) or not isinstance(h, int) for h in heads)):
         raise UsageError(f"{source}: heads={heads!r} is invalid: give a list of head counts, one per layer")
+    kv_heads = data.get("kv_heads")
+    if "kv_heads" in data and (not isinstance(kv_heads, list) or
+                               any(isinstance(n, bool) or not isinstance(n, int) for n in kv_heads)):
+        raise UsageError(f"{source}: kv_heads={kv_heads!r} is invalid: give a list of key/value head counts, one per "
+                         "layer")
     ffn = data.get("ffn")
     if "ffn" in data:
         if not isinstance(ffn, dict):
