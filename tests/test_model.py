@@ -85,7 +85,10 @@ def test_logits_match_hf_llama_with_the_same_weights(arch: ArchConfig) -> None:
     (uniform(2, 64, 2, 256, FFNShape(1, 2048)), 200, True),  # head dim 32, 3 query blocks, GatedUpProjection
     (uniform(1, 32, 4, 256, FFNShape(1, 64)), 24, True),  # a single block shorter than QUERY_BLOCK
     (uniform(1, 32, 1, 256, FFNShape(1, 64)), 600, False),  # beyond BLOCKED_ATTENTION_MAX_T: SDPA
-], ids=["dh8-T128", "dh12-T100", "dh32-T200", "dh8-T24", "sdpa-T600"])
+    # grouped-query attention: 12 query heads on 4 key/value heads (the grouped blocked kernel), 4 on 1 (SDPA)
+    (uniform(2, 96, 12, 256, FFNShape(1, 256)).replace(kv_heads=[4, 4]), 128, True),
+    (uniform(1, 32, 4, 256, FFNShape(1, 64)).replace(kv_heads=[1]), 600, False),
+], ids=["dh8-T128", "dh12-T100", "dh32-T200", "dh8-T24", "sdpa-T600", "gqa-dh8-T128", "mqa-sdpa-T600"])
 def test_cpu_attention_paths_match_hf_in_logits_and_gradients(arch: ArchConfig, T: int, blocked: bool) -> None:
     """CPU training through BlockedCausalAttention (own forward and backward) or SDPA matches HF's eager LLaMA."""
     from nas.model.kernels import use_blocked_attention
@@ -218,6 +221,8 @@ def test_gated_up_projection_matches_autograd_through_the_fused_matmul() -> None
 
 # ----------------------------------------------------------------- per-layer head counts vs an independent reference
 PRISM_HEADS = (1, 2, 4, 8, 16, 32)  # head dims 256, 128, 64, 32, 16, 8 at d_model 256
+# grouped-query attention per layer: groups of 1 (multi-head), 2, 4, 4, 8 and 32 (multi-query) query heads
+PRISM_KV_HEADS = (1, 1, 1, 2, 2, 1)
 
 
 def _hf_decoder_layers(model: Transformer):
@@ -232,10 +237,10 @@ def _hf_decoder_layers(model: Transformer):
     arch, layers = model.arch, []
     # the export's Prism layout (nas.hf.mapping): a layer's names are LLaMA's, except its one sub-MLP's (mlps.0)
     state = hf_state_dict(model.state_dict(), arch)
-    for i, h in enumerate(arch.heads):
+    for i, (h, kv) in enumerate(zip(arch.heads, arch.kv_per_layer())):
         config = transformers.LlamaConfig(
             vocab_size=arch.vocab_size, hidden_size=arch.d_model, intermediate_size=arch.ffn.hidden,
-            num_hidden_layers=arch.n_layers, num_attention_heads=h, num_key_value_heads=h,
+            num_hidden_layers=arch.n_layers, num_attention_heads=h, num_key_value_heads=kv,
             head_dim=arch.d_model // h, rms_norm_eps=arch.norm_eps, rope_theta=arch.rope_theta,
             max_position_embeddings=512, attention_bias=False, mlp_bias=False)
         config._attn_implementation = "sdpa"  # causal when no mask is given
@@ -248,15 +253,18 @@ def _hf_decoder_layers(model: Transformer):
     return layers
 
 
+@pytest.mark.parametrize("kv_heads", [(), PRISM_KV_HEADS], ids=["mha", "gqa"])
 @pytest.mark.parametrize("fused", [True, False], ids=["fused-kernels", "pytorch-ops"])
 @pytest.mark.parametrize("T", [40, 130], ids=["T40-one-block", "T130-two-blocks"])
-def test_a_prism_schedule_matches_hf_decoder_layers_built_per_layer(fused: bool, T: int) -> None:
+def test_a_prism_schedule_matches_hf_decoder_layers_built_per_layer(fused: bool, T: int, kv_heads) -> None:
     """Layer by layer, a schedule with head dims 256 ... 8 equals HF LLaMA layers each built with that layer's own
-    head count and the same weights: every layer's output, the logits, and every parameter's gradient."""
+    head count (and key/value head count: multi-head, or grouped-query per layer) and the same weights: every
+    layer's output, the logits, and every parameter's gradient."""
     from nas.model import fused_cpu
 
     arch = ArchConfig(n_layers=len(PRISM_HEADS), d_model=256, heads=PRISM_HEADS, ffn=FFNShape(1, 96),
-                      vocab_size=300, tie_embeddings=True)
+                      vocab_size=300, tie_embeddings=True, kv_heads=kv_heads)
+    assert arch.grouped == bool(kv_heads)
     torch.manual_seed(0)
     model = Transformer(arch)
     with torch.no_grad():  # non-trivial norm gains, so a mis-mapped norm would show

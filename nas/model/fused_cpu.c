@@ -190,6 +190,48 @@ void rope_qkv_backward(const float *restrict dq, const float *restrict dk, const
             }
 }
 
+/* Grouped-query attention (GQA): qkv (B, T, (H + 2 KV) Dh), H query heads then KV key heads then KV value heads
+ * per token; out: q (B, H, T, Dh) followed by k and v (B, KV, T, Dh) each. With KV = H this is the layout above;
+ * multi-head layers keep using rope_qkv_forward / _backward. */
+void rope_qkv_grouped_forward(const float *restrict qkv, const float *restrict cos_t, const float *restrict sin_t,
+                              float *restrict out, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t Dh,
+                              int64_t half, float q_scale, int threads) {
+    int64_t W = (H + 2 * KV) * Dh;
+    float *oq = out, *ok = out + B * H * T * Dh, *ov = ok + B * KV * T * Dh;
+#pragma omp parallel for collapse(2) schedule(static) num_threads(threads) if (B * T * W >= PARALLEL_MIN)
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < T; t++) {
+            const float *row = qkv + (b * T + t) * W, *c = cos_t + t * half, *s = sin_t + t * half;
+            for (int64_t h = 0; h < H; h++)
+                rotate_row(row + h * Dh, oq + ((b * H + h) * T + t) * Dh, c, s, half, Dh, 1.0f, q_scale);
+            for (int64_t h = 0; h < KV; h++)
+                rotate_row(row + (H + h) * Dh, ok + ((b * KV + h) * T + t) * Dh, c, s, half, Dh, 1.0f, 1.0f);
+            for (int64_t h = 0; h < KV; h++)
+                memcpy(ov + ((b * KV + h) * T + t) * Dh, row + (H + KV + h) * Dh, (size_t)Dh * sizeof(float));
+        }
+}
+
+/* backward of rope_qkv_grouped_forward: dq (B, H, T, Dh), dk and dv (B, KV, T, Dh) into one (B, T, (H + 2 KV) Dh)
+ * gradient of qkv, each token's row written in order. */
+void rope_qkv_grouped_backward(const float *restrict dq, const float *restrict dk, const float *restrict dv,
+                               const float *restrict cos_t, const float *restrict sin_t, float *restrict grad,
+                               int64_t B, int64_t T, int64_t H, int64_t KV, int64_t Dh, int64_t half, float q_scale,
+                               int threads) {
+    int64_t W = (H + 2 * KV) * Dh;
+#pragma omp parallel for collapse(2) schedule(static) num_threads(threads) if (B * T * W >= PARALLEL_MIN)
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < T; t++) {
+            float *row = grad + (b * T + t) * W;
+            const float *c = cos_t + t * half, *s = sin_t + t * half;
+            for (int64_t h = 0; h < H; h++)
+                rotate_row(dq + ((b * H + h) * T + t) * Dh, row + h * Dh, c, s, half, Dh, -1.0f, q_scale);
+            for (int64_t h = 0; h < KV; h++)
+                rotate_row(dk + ((b * KV + h) * T + t) * Dh, row + (H + h) * Dh, c, s, half, Dh, -1.0f, 1.0f);
+            for (int64_t h = 0; h < KV; h++)
+                memcpy(row + (H + KV + h) * Dh, dv + ((b * KV + h) * T + t) * Dh, (size_t)Dh * sizeof(float));
+        }
+}
+
 /* ------------------------------------------------------------------ causal softmax of one query block, in place
  * p: (N, Tb, r0 + Tb) scores of queries r0 .. r0 + Tb - 1 over keys 0 .. r0 + Tb - 1 (the blocked attention's
  * blocks, nas/model.py). Query r0 + i sees keys 0 .. r0 + i: those get softmax(scores), the rest 0. Replaces

@@ -51,6 +51,8 @@ _SIGNATURES = {
     "rmsnorm_backward": [_P, _P, _P, _P, _P, _P, _P, _I64, _I64, _INT],
     "rope_qkv_forward": [_P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _F32, _INT],
     "rope_qkv_backward": [_P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _F32, _INT],
+    "rope_qkv_grouped_forward": [_P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _I64, _F32, _INT],
+    "rope_qkv_grouped_backward": [_P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _I64, _F32, _INT],
     "causal_softmax_": [_P, _I64, _I64, _I64, _INT],
 }
 
@@ -226,6 +228,31 @@ def rope_qkv_backward(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, cos:
     grad = dq.new_empty(B, T, 3 * H * Dh)
     library().rope_qkv_backward(_ptr(dq), _ptr(dk), _ptr(dv), _ptr(cos), _ptr(sin), _ptr(grad), B, T, H, Dh,
                                 cos.shape[-1], q_scale, torch.get_num_threads())
+    return grad
+
+
+def rope_qkv_grouped_forward(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int, n_kv: int,
+                             q_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Grouped-query attention's ``rope_qkv_forward``: q (B, H, T, Dh) times ``q_scale`` and rotated, k rotated and v
+    copied (B, KV, T, Dh) each, views of one buffer, from the contiguous (B, T, (H + 2 KV) Dh) qkv."""
+    B, T, width = qkv.shape
+    head_dim = width // (n_heads + 2 * n_kv)
+    out = qkv.new_empty(B * T * width)
+    library().rope_qkv_grouped_forward(_ptr(qkv), _ptr(cos), _ptr(sin), _ptr(out), B, T, n_heads, n_kv, head_dim,
+                                       cos.shape[-1], q_scale, torch.get_num_threads())
+    q, k, v = out.split([B * n_heads * T * head_dim, B * n_kv * T * head_dim, B * n_kv * T * head_dim])
+    return (q.view(B, n_heads, T, head_dim), k.view(B, n_kv, T, head_dim), v.view(B, n_kv, T, head_dim))
+
+
+def rope_qkv_grouped_backward(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, cos: torch.Tensor,
+                              sin: torch.Tensor, q_scale: float = 1.0) -> torch.Tensor:
+    """The (B, T, (H + 2 KV) Dh) gradient of ``rope_qkv_grouped_forward`` from contiguous dq (B, H, T, Dh), dk, dv
+    (B, KV, T, Dh)."""
+    B, H, T, Dh = dq.shape
+    KV = dk.shape[1]
+    grad = dq.new_empty(B, T, (H + 2 * KV) * Dh)
+    library().rope_qkv_grouped_backward(_ptr(dq), _ptr(dk), _ptr(dv), _ptr(cos), _ptr(sin), _ptr(grad), B, T, H, KV,
+                                        Dh, cos.shape[-1], q_scale, torch.get_num_threads())
     return grad
 
 

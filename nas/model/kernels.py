@@ -1,7 +1,9 @@
 """CPU autograd functions behind ``nas.model.transformer``: own backward passes; forward alone in evaluation.
 
 - ``RotaryQKV``: the fused q/k/v projection split into heads, RoPE applied to q and k, q pre-scaled by 1/sqrt(Dh);
+  ``RotaryGroupedQKV`` the same for grouped-query layers (fewer key/value heads than query heads);
 - ``BlockedCausalAttention``: exact causal attention by batched matmuls over query blocks (CPU, T <= 512);
+  ``GroupedBlockedCausalAttention`` the same with each key/value head shared by a group of query heads;
 - ``GatedUpProjection``: ``silu(x W_gate^T) * (x W_up^T)`` from the stacked weight;
 - ``RMSNormFunction``: RMSNorm in four passes forward and backward.
 
@@ -102,6 +104,52 @@ class RotaryQKV(torch.autograd.Function):
         else:
             dst[2].copy_(dv)
         return grad.view(B, T, 3 * H * Dh), None, None, None, None
+
+
+class RotaryGroupedQKV(torch.autograd.Function):
+    """``RotaryQKV`` for a grouped-query layer: qkv (B, T, (H + 2 KV) Dh) -> q (B, H, T, Dh), k, v (B, KV, T, Dh).
+
+    The projection's rows are W_Q (H Dh), W_K (KV Dh), W_V (KV Dh); the fused kernel is
+    ``rope_qkv_grouped_forward`` (multi-head layers keep ``RotaryQKV`` and its kernel unchanged).
+    """
+
+    @staticmethod
+    def forward(ctx, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int, n_kv: int,
+                q_scale: float):
+        B, T, width = qkv.shape
+        head_dim = width // (n_heads + 2 * n_kv)
+        ctx.fused = fused_cpu.usable(qkv, cos, sin) and qkv.is_contiguous()
+        if ctx.fused:
+            cos, sin = cos.contiguous(), sin.contiguous()
+            q, k, v = fused_cpu.rope_qkv_grouped_forward(qkv, cos, sin, n_heads, n_kv, q_scale)
+        else:
+            src_q, src_k, src_v = (part.unflatten(-1, (-1, head_dim)).transpose(1, 2)  # (B, heads, T, Dh) views
+                                   for part in qkv.split([n_heads * head_dim, n_kv * head_dim, n_kv * head_dim], -1))
+            q, k = qkv.new_empty(B, n_heads, T, head_dim), qkv.new_empty(B, n_kv, T, head_dim)
+            rotate_into(q, src_q, cos, sin, 1.0)
+            q.mul_(q_scale)
+            rotate_into(k, src_k, cos, sin, 1.0)
+            v = src_v.contiguous()
+        ctx.save_for_backward(cos, sin)
+        ctx.shape, ctx.q_scale = (B, T, n_heads, n_kv, head_dim), q_scale
+        return q, k, v
+
+    @staticmethod
+    def backward(ctx, dq, dk, dv):
+        cos, sin = ctx.saved_tensors
+        B, T, H, KV, Dh = ctx.shape
+        dq = dq.contiguous() if dq is not None else cos.new_zeros(B, H, T, Dh)
+        dk, dv = (g.contiguous() if g is not None else cos.new_zeros(B, KV, T, Dh) for g in (dk, dv))
+        if ctx.fused:
+            return fused_cpu.rope_qkv_grouped_backward(dq, dk, dv, cos, sin, ctx.q_scale), None, None, None, None, None
+        grad = dq.new_empty(B, T, (H + 2 * KV) * Dh)
+        dst_q, dst_k, dst_v = (part.unflatten(-1, (-1, Dh)).transpose(1, 2)
+                               for part in grad.split([H * Dh, KV * Dh, KV * Dh], -1))
+        rotate_into(dst_q, dq, cos, sin, -1.0)
+        dst_q.mul_(ctx.q_scale)
+        rotate_into(dst_k, dk, cos, sin, -1.0)
+        dst_v.copy_(dv)
+        return grad, None, None, None, None, None
 
 
 _CAUSAL_MASKS: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
@@ -222,6 +270,94 @@ class BlockedCausalAttention(torch.autograd.Function):
             else:
                 d_k[:, :r1] += d_k_block
                 d_v[:, :r1] += d_v_block
+        return d_q, d_k, d_v
+
+
+def grouped_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                              observe: ProbabilityObserver | None = None
+                              ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    """``GroupedBlockedCausalAttention``'s forward: (output (N, g, T, Dh), maybe a permuted view; P blocks; q blocks).
+
+    q (N, g, T, Dh): the g query heads of each key/value head (N = B KV); k, v (N, T, Dh). A block's queries of all
+    g heads are gathered into one (N, g Tb, Dh) matrix (a copy of q's size, once per pass), so each product is one
+    batched matmul over the group and the key/value heads are never repeated; its scores (N, g Tb, r1) are
+    (N g, Tb, r1) blocks of ``BlockedCausalAttention``'s kind, so the causal softmax and the observer are its own.
+    """
+    N, g, T, Dh = q.shape
+    transposed = Dh <= TRANSPOSED_MAX_HEAD_DIM
+    k_t, v_t = k.transpose(1, 2), v.transpose(1, 2)  # (N, Dh, T) views
+    out = q.new_empty(N, Dh, g, T) if transposed else q.new_empty(N, g, T, Dh)
+    probs, q_blocks = [], []
+    fused = fused_cpu.usable(q)
+    for r0, r1 in _query_blocks(T):
+        Tb = r1 - r0
+        q_block = q[:, :, r0:r1].reshape(N, g * Tb, Dh)  # rows: head 0's Tb queries, then head 1's, ...
+        p = torch.bmm(q_block, k_t[:, :, :r1])  # (N, g Tb, r1)
+        rows = p.view(N * g, Tb, r1)  # batch-major (b, kv, j): query head kv g + j, HF's repeat_kv order
+        if fused:
+            fused_cpu.causal_softmax_(rows, r0)
+        else:
+            rows[:, :, r0:].add_(causal_mask(Tb, q.dtype, q.device))
+            torch._softmax(p, -1, False, out=p)
+        if observe is not None:
+            observe(r0, rows)
+        if transposed:
+            out[:, :, :, r0:r1] = torch.bmm(v_t[:, :, :r1], p.transpose(1, 2)).view(N, Dh, g, Tb)  # (P V)^T
+        else:
+            out[:, :, r0:r1] = torch.bmm(p, v[:, :r1]).view(N, g, Tb, Dh)
+        probs.append(p)
+        q_blocks.append(q_block)
+    return (out.permute(0, 2, 3, 1) if transposed else out), probs, q_blocks
+
+
+class GroupedBlockedCausalAttention(torch.autograd.Function):
+    """``BlockedCausalAttention`` for grouped-query layers: q (N, g, T, Dh), k, v (N, T, Dh) -> (N, g, T, Dh).
+
+    The same blocks, in-place softmax and transposed narrow products (module docstring of
+    ``BlockedCausalAttention``); the g query heads of a key/value head share one batched matmul per
+    block (``grouped_attention_forward``), and dK, dV sum over the group inside the matmul.
+    """
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        out, probs, q_blocks = grouped_attention_forward(q, k, v)
+        ctx.save_for_backward(k, v, *probs, *q_blocks)
+        ctx.g = q.shape[1]
+        return out
+
+    @staticmethod
+    def backward(ctx, d_out: torch.Tensor):
+        k, v, *saved = ctx.saved_tensors
+        probs, q_blocks = saved[:len(saved) // 2], saved[len(saved) // 2:]
+        N, T, Dh = k.shape
+        g, transposed = ctx.g, Dh <= TRANSPOSED_MAX_HEAD_DIM
+        k_t, v_t = k.transpose(1, 2), v.transpose(1, 2)  # (N, Dh, T) views
+        d_q = k.new_empty(N, Dh, g, T) if transposed else k.new_empty(N, g, T, Dh)
+        d_k = d_v = None
+        for (r0, r1), p, q_block in reversed(list(zip(_query_blocks(T), probs, q_blocks))):
+            Tb = r1 - r0
+            d_o = d_out[:, :, r0:r1].reshape(N, g * Tb, Dh)
+            ds = torch.bmm(d_o, v_t[:, :, :r1])  # (N, g Tb, r1) = dO V^T
+            torch._softmax_backward_data(ds, p, -1, p.dtype, grad_input=ds)
+            if transposed:  # the Dh-wide products as (N, Dh, .)
+                d_q[:, :, :, r0:r1] = torch.bmm(k_t[:, :, :r1], ds.transpose(1, 2)).view(N, Dh, g, Tb)  # (dS K)^T
+                d_k_block = torch.bmm(q_block.transpose(1, 2), ds)  # (N, Dh, r1) = (dS^T Q)^T
+                d_v_block = torch.bmm(d_o.transpose(1, 2), p)  # (N, Dh, r1) = (P^T dO)^T
+            else:
+                d_q[:, :, r0:r1] = torch.bmm(ds, k[:, :r1]).view(N, g, Tb, Dh)  # dS K
+                d_k_block = torch.bmm(ds.transpose(1, 2), q_block)  # (N, r1, Dh) = dS^T Q
+                d_v_block = torch.bmm(p.transpose(1, 2), d_o)  # (N, r1, Dh) = P^T dO
+            if d_k is None:
+                d_k, d_v = d_k_block, d_v_block
+            elif transposed:
+                d_k[:, :, :r1] += d_k_block
+                d_v[:, :, :r1] += d_v_block
+            else:
+                d_k[:, :r1] += d_k_block
+                d_v[:, :r1] += d_v_block
+        if transposed:  # contiguous (N, ., T, Dh): the RoPE backward reads Dh-wide rows
+            return d_q.permute(0, 2, 3, 1).contiguous(), d_k.transpose(1, 2).contiguous(), \
+                d_v.transpose(1, 2).contiguous()
         return d_q, d_k, d_v
 
 

@@ -2,14 +2,17 @@
 
 Per layer ``l`` (pre-norm residual, Touvron et al. 2023)::
 
-    x = x + W_O · SDPA(RoPE(W_Q n), RoPE(W_K n), W_V n)      n = RMSNorm(x), h_l heads of d/h_l
+    x = x + W_O · SDPA(RoPE(W_Q n), RoPE(W_K n), W_V n)      n = RMSNorm(x), h_l heads of d/h_l, kv_l of them for K, V
     for k in 1..K:  x = x + W_down,k (silu(W_gate,k m) * W_up,k m)    m = RMSNorm_k(x)
 
 With uniform heads and ``K = 1`` this is exactly HF ``LlamaForCausalLM`` (same RoPE
 ``rotate_half`` convention, same RMSNorm), so weights map one to one (tests check logits).
 
 The forward path has no per-head Python loop: a layer's head count only changes a
-``view``, so a Prism schedule costs what the uniform one costs. Speed (``benchmarks/``, figure 2):
+``view``, so a Prism schedule costs what the uniform one costs. A grouped-query layer (``kv_l < h_l``, each
+key/value head serving ``h_l / kv_l`` query heads in HF's ``repeat_kv`` order) never repeats k and v: SDPA's
+``enable_gqa``, or on CPU ``GroupedBlockedCausalAttention``, which stacks a group's queries as rows of one
+batched matmul; multi-head layers keep the paths below unchanged. Speed (``benchmarks/``, figure 2):
 W_Q, W_K, W_V are one ``d -> 3d`` matmul and gate, up one
 ``d -> 2 d_h`` matmul; splitting q, k, v and rotating q, k is one autograd node
 (``RotaryQKV``: no temporaries, one gradient buffer); on CPU up to T = 512, attention is
@@ -39,17 +42,34 @@ from nas.model.kernels import (
     GATED_UP_MIN_ELEMENTS,
     BlockedCausalAttention,
     GatedUpProjection,
+    GroupedBlockedCausalAttention,
     ProbabilityObserver,
     RMSNormFunction,
+    RotaryGroupedQKV,
     RotaryQKV,
     apply_function,
     blocked_attention_forward,
     causal_mask,
+    grouped_attention_forward,
     plain_cpu_fp32,
     use_blocked_attention,
 )
 
 INIT_STD = 0.02  # GPT-2 / LLaMA reference initialisation
+# SDPA shares key/value heads among query heads itself from torch 2.5 (``enable_gqa``); before, they are repeated
+SDPA_GQA = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5)
+
+
+def grouped_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal SDPA of q (B, H, T, Dh) over k, v (B, KV, T, Dh) with KV dividing H (q already scaled): (B, H, T, Dh).
+
+    Key/value head j serves query heads j g .. j g + g - 1 (HF's ``repeat_kv`` order), which SDPA's
+    ``enable_gqa`` does without copying k and v."""
+    if SDPA_GQA:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0, enable_gqa=True)
+    g = q.shape[1] // k.shape[1]
+    return F.scaled_dot_product_attention(q, k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1),
+                                          is_causal=True, scale=1.0)
 
 
 class RotaryTable(nn.Module):
@@ -86,7 +106,8 @@ def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tor
 
 
 class Attention(nn.Module):
-    """Causal multi-head attention with this layer's own head count; parameters independent of it.
+    """Causal attention with this layer's own head count and key/value head count; parameters independent of the
+    head count, W_K and W_V ``n_kv d_head x d`` (grouped-query attention when ``n_kv < n_heads``).
 
     ``reference_ops`` (``Transformer.use_reference_ops``): plain PyTorch ops only, RoPE as tensor
     arithmetic and SDPA, for ``torch.compile``, which fuses them itself and cannot trace the CPU
@@ -95,22 +116,34 @@ class Attention(nn.Module):
 
     reference_ops = False
 
-    def __init__(self, d_model: int, n_heads: int, rotary: RotaryTable) -> None:
+    def __init__(self, d_model: int, n_heads: int, rotary: RotaryTable, n_kv: int | None = None) -> None:
         super().__init__()
         self.n_heads, self.head_dim = n_heads, d_model // n_heads
-        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)  # rows: W_Q, W_K, W_V
+        self.n_kv = n_heads if n_kv is None else n_kv
+        self.qkv = nn.Linear(d_model, (n_heads + 2 * self.n_kv) * self.head_dim, bias=False)  # rows: W_Q, W_K, W_V
         self.out = nn.Linear(d_model, d_model, bias=False)  # W_O
         self.rotary = rotary
 
+    @property
+    def grouped(self) -> bool:
+        return self.n_kv != self.n_heads
+
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q (RoPE applied, times 1/sqrt(Dh)), k (RoPE applied), v: (B, H, T, Dh) each."""
-        qkv = self.qkv(x)  # (B, T, 3d)
+        """q (B, H, T, Dh) with RoPE applied, times 1/sqrt(Dh); k (RoPE applied), v: (B, KV, T, Dh)."""
+        qkv = self.qkv(x)  # (B, T, (H + 2 KV) Dh)
         cos, sin = self.rotary.table(x.shape[1], qkv.device, qkv.dtype)
         scale = 1.0 / math.sqrt(self.head_dim)
         if self.reference_ops:
             B, T, _ = qkv.shape
-            q, k, v = qkv.view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, T, Dh)
+            if self.grouped:
+                q, k, v = (part.unflatten(-1, (-1, self.head_dim)).transpose(1, 2)  # (B, heads, T, Dh)
+                           for part in qkv.split([self.n_heads * self.head_dim, self.n_kv * self.head_dim,
+                                                  self.n_kv * self.head_dim], -1))
+            else:
+                q, k, v = qkv.view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
             return rope_reference(q, cos, sin) * scale, rope_reference(k, cos, sin), v
+        if self.grouped:
+            return apply_function(RotaryGroupedQKV, qkv, cos, sin, self.n_heads, self.n_kv, scale)
         return apply_function(RotaryQKV, qkv, cos, sin, self.n_heads, scale)
 
     def forward(self, x: torch.Tensor, observe: ProbabilityObserver | None = None) -> torch.Tensor:
@@ -118,8 +151,17 @@ class Attention(nn.Module):
         B, T, D = x.shape
         if observe is not None and torch.is_grad_enabled():
             raise RuntimeError("attention observers are for analysis: call the model under torch.no_grad()")
-        q, k, v = self._qkv(x)  # (B, H, T, Dh) each
-        if not self.reference_ops and use_blocked_attention(x.device, B * self.n_heads, T, q.element_size()):
+        q, k, v = self._qkv(x)  # (B, H, T, Dh), (B, KV, T, Dh) twice
+        blocked = not self.reference_ops and use_blocked_attention(x.device, B * self.n_heads, T, q.element_size())
+        if blocked and self.grouped:
+            grouped = (B * self.n_kv, self.n_heads // self.n_kv, T, self.head_dim)  # (N, g, T, Dh) view of q
+            flat = (B * self.n_kv, T, self.head_dim)
+            if observe is None:
+                y = apply_function(GroupedBlockedCausalAttention, q.view(grouped), k.view(flat), v.view(flat))
+            else:
+                y = grouped_attention_forward(q.view(grouped), k.view(flat), v.view(flat), observe)[0]
+            y = y.unflatten(0, (B, self.n_kv)).permute(0, 3, 1, 2, 4)  # (B, T, KV, g, Dh): head kv g + j
+        elif blocked:
             flat = (B * self.n_heads, T, self.head_dim)
             if observe is None:
                 y = apply_function(BlockedCausalAttention, q.view(flat), k.view(flat), v.view(flat))  # (BH, T, Dh)
@@ -129,6 +171,8 @@ class Attention(nn.Module):
         elif observe is not None:
             y, probs = self._explicit_attention(q, k, v)
             observe(0, probs.flatten(0, 1))
+        elif self.grouped:
+            y = grouped_sdpa(q, k, v).transpose(1, 2)  # (B, T, H, Dh)
         else:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0).transpose(1, 2)  # (B, T, H, Dh)
         return self.out(y.reshape(B, T, D))
@@ -144,12 +188,17 @@ class Attention(nn.Module):
 
     def _explicit_attention(self, q: torch.Tensor, k: torch.Tensor,
                             v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(P V as (B, T, H, Dh), P (B, H, T, T)) from q (already times 1/sqrt(Dh)), k, v (B, H, T, Dh)."""
-        T = q.shape[2]
-        scores = q @ k.transpose(-2, -1)  # (B, H, T, T)
+        """(P V as (B, T, H, Dh), P (B, H, T, T)) from q (already times 1/sqrt(Dh)) (B, H, T, Dh), k, v (B, KV, T, Dh).
+
+        A group's g query heads are stacked as g T rows against their key/value head: no repeated k or v."""
+        B, H, T, Dh = q.shape
+        KV = k.shape[1]
+        scores = q.reshape(B, KV, H // KV * T, Dh) @ k.transpose(-2, -1)  # (B, KV, g T, T)
+        scores = scores.view(B, H, T, T)
         scores.add_(causal_mask(T, scores.dtype, scores.device))  # in place: matmul keeps no output
         probs = scores.softmax(dim=-1)
-        return (probs @ v).transpose(1, 2), probs
+        y = (probs.view(B, KV, H // KV * T, T) @ v).view(B, H, T, Dh)
+        return y.transpose(1, 2), probs
 
 
 class SwiGLU(nn.Module):
@@ -196,7 +245,7 @@ class Block(nn.Module):
     def __init__(self, arch: ArchConfig, layer: int, n_heads: int, rotary: RotaryTable) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(arch.d_model, arch.norm_eps)
-        self.attn = Attention(arch.d_model, n_heads, rotary)
+        self.attn = Attention(arch.d_model, n_heads, rotary, arch.kv_per_layer()[layer])
         self.ffn_norms = nn.ModuleList(RMSNorm(arch.d_model, arch.norm_eps) for _ in range(arch.ffn.k))
         self.ffns = nn.ModuleList(SwiGLU(arch.d_model, arch.sub_mlp_hidden(layer, i)) for i in range(arch.ffn.k))
 
