@@ -234,6 +234,48 @@ def test_grouped_query_heads_equal_full_heads_holding_each_key_value_head_once_p
     assert gqa.model.layers[0].self_attn.k_proj.weight.shape == (24, PRISM.d_model)  # 1 head of 24, not 2
 
 
+# a grouped-query Prism shape: 2 of 4 query heads per key/value head, multi-query in the last layer, K=2
+PRISM_GQA = ArchConfig(n_layers=3, d_model=48, heads=(2, 4, 8), kv_heads=(2, 2, 1), ffn=FFNShape(2, 30, wider=1),
+                       vocab_size=300, tie_embeddings=False)
+
+
+def test_a_grouped_query_shape_exports_with_its_key_value_heads_and_computes_the_projects_logits(tmp_path):
+    """``kv_heads`` travel as per-layer ``num_key_value_heads``: the k and v projections load with kv_l heads each,
+    and the exported model (remote code, HF's repeat_kv order) computes the project's logits and loss."""
+    model = project_model(PRISM_GQA)
+    write_model_dir(PRISM_GQA, tmp_path / "gqa", "hf", weights=model.state_dict(), context=64)
+    config = json.loads((tmp_path / "gqa" / "config.json").read_text())
+    assert (config["num_attention_heads"], config["num_key_value_heads"]) == ([2, 4, 8], [2, 2, 1])
+    hf = load(tmp_path / "gqa")
+    for layer, (h, kv) in enumerate(zip(PRISM_GQA.heads, PRISM_GQA.kv_heads)):
+        attention = hf.model.layers[layer].self_attn
+        head_dim = PRISM_GQA.d_model // h
+        assert attention.k_proj.weight.shape == attention.v_proj.weight.shape == (kv * head_dim, PRISM_GQA.d_model)
+        assert attention.q_proj.weight.shape == (PRISM_GQA.d_model, PRISM_GQA.d_model)
+    assert sum(p.numel() for p in hf.parameters()) == PRISM_GQA.n_params()["total"]
+    idx = torch.randint(0, PRISM_GQA.vocab_size, (3, 41))
+    with torch.no_grad():
+        assert relative_error(model(idx), hf(input_ids=idx).logits) < 1e-5
+        assert abs(float(hf(input_ids=idx, labels=idx).loss) - float(model(idx[:, :-1], idx[:, 1:]))) < 1e-5
+    card = (tmp_path / "gqa" / "README.md").read_text()
+    assert "key/value heads per layer (grouped-query attention): 2, 2, 1" in card
+    assert "key/value head count differs by layer" in llama_refusal(PRISM_GQA.replace(heads=[8, 8, 8],
+                                                                                      kv_heads=[8, 4, 4]))
+    assert llama_refusal(uniform(2, 64, 4, 320, FFNShape(1, 176)).replace(kv_heads=[2, 2])) is None
+
+
+def test_a_uniform_grouped_query_baseline_exports_as_a_stock_llama(tmp_path):
+    arch = BASELINE.replace(kv_heads=[1, 1])  # multi-query: LlamaConfig's num_key_value_heads=1
+    model = project_model(arch)
+    write_model_dir(arch, tmp_path / "llama-mqa", "llama", weights=model.state_dict(), context=64)
+    assert json.loads((tmp_path / "llama-mqa" / "config.json").read_text())["num_key_value_heads"] == 1
+    hf = load(tmp_path / "llama-mqa", remote=False)
+    assert type(hf).__name__ == "LlamaForCausalLM"
+    idx = torch.randint(0, arch.vocab_size, (2, 33))
+    with torch.no_grad():
+        assert relative_error(model(idx), hf(input_ids=idx).logits) < 1e-5
+
+
 def test_the_baseline_exports_as_a_stock_llama_with_no_remote_code(tmp_path):
     arch = BASELINE.replace(rope_theta=50000.0, norm_eps=1e-6, tie_embeddings=False)
     model = project_model(arch)

@@ -103,6 +103,9 @@ def model_card(arch: ArchConfig, layout: str, provenance: Provenance) -> str:
         f"{'tied' if arch.tie_embeddings else 'untied'} input and output embeddings",
         f"- attention heads per layer: {', '.join(map(str, arch.heads))} (plateaus {format_plateaus(arch.heads)}; "
         f"head sizes {', '.join(map(str, arch.head_dims()))})",
+        *([f"- key/value heads per layer (grouped-query attention): {', '.join(map(str, arch.kv_heads))} "
+           f"(each shared by {', '.join(map(str, arch.kv_groups()))} query heads); KV cache "
+           f"{arch.kv_cache_bytes_per_token():,} bytes per token at 16 bits"] if arch.grouped else []),
         f"- FFN: {ffn}",
         f"- RMSNorm (eps {arch.norm_eps:g}) before every attention and every sub-MLP; RoPE base {arch.rope_theta:g}",
         f"- {p['total']:,} parameters ({p['non_embedding']:,} without the embeddings)",

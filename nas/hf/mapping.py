@@ -6,7 +6,7 @@ names, project -> HF (``{l}`` a layer, ``{k}`` a sub-MLP of its Hourglass stack)
 
     embed.weight                        model.embed_tokens.weight
     blocks.{l}.attn_norm.weight         model.layers.{l}.input_layernorm.weight
-    blocks.{l}.attn.qkv.weight          model.layers.{l}.self_attn.{q,k,v}_proj.weight  (rows split in 3)
+    blocks.{l}.attn.qkv.weight          model.layers.{l}.self_attn.{q,k,v}_proj.weight  (rows: h_l, kv_l, kv_l heads)
     blocks.{l}.attn.out.weight          model.layers.{l}.self_attn.o_proj.weight
     blocks.{l}.ffn_norms.{k}.weight     model.layers.{l}.mlps.{k}.norm.weight
     blocks.{l}.ffns.{k}.gate_up.weight  model.layers.{l}.mlps.{k}.{gate,up}_proj.weight  (rows split in 2)
@@ -17,8 +17,10 @@ names, project -> HF (``{l}`` a layer, ``{k}`` a sub-MLP of its Hourglass stack)
 In the LLaMA layout (K = 1) the sub-MLP's norm is ``post_attention_layernorm`` and the sub-MLP
 ``mlp``: ``model.layers.{l}.post_attention_layernorm.weight``, ``model.layers.{l}.mlp.gate_proj.weight``.
 The LLaMA layout exists for the shapes LLaMA can express (``llama_refusal``): the same head count
-in every layer, K = 1, no wider sub-MLP, an even head size. Both layouts compute the same function
-as the project's model (tests compare logits).
+and key/value head count in every layer, K = 1, no wider sub-MLP, an even head size. Grouped-query
+layers (``kv_l < h_l``) keep ``kv_l`` heads in k_proj and v_proj, each serving ``h_l / kv_l`` query
+heads in HF's ``repeat_kv`` order (``num_key_value_heads``), as the project's model does. Both layouts
+compute the same function as the project's model (tests compare logits).
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ def llama_refusal(arch: ArchConfig) -> str | None:
     """Why ``LlamaForCausalLM`` cannot hold ``arch`` (None when it can)."""
     if len(set(arch.heads)) > 1:
         return f"its head count differs by layer ({format_plateaus(arch.heads)}); LLaMA has one for every layer"
+    if len(set(arch.kv_per_layer())) > 1:
+        return (f"its key/value head count differs by layer ({format_plateaus(arch.kv_per_layer())}); LLaMA has one "
+                "for every layer")
     if arch.ffn.k > 1:
         return f"its FFN stacks K={arch.ffn.k} sub-MLPs; LLaMA has one"
     if arch.ffn.wider:
@@ -61,7 +66,9 @@ def hf_state_dict(state: Mapping[str, torch.Tensor], arch: ArchConfig, layout: s
     out = {"model.embed_tokens.weight": state["embed.weight"], "model.norm.weight": state["norm.weight"]}
     for layer in range(arch.n_layers):
         ours, theirs = f"blocks.{layer}.", f"model.layers.{layer}."
-        q, k, v = state[ours + "attn.qkv.weight"].chunk(3, dim=0)
+        head_dim = arch.d_model // arch.heads[layer]
+        kv_rows = arch.kv_per_layer()[layer] * head_dim
+        q, k, v = state[ours + "attn.qkv.weight"].split([arch.d_model, kv_rows, kv_rows], dim=0)
         out.update({theirs + "input_layernorm.weight": state[ours + "attn_norm.weight"],
                     theirs + "self_attn.q_proj.weight": q, theirs + "self_attn.k_proj.weight": k,
                     theirs + "self_attn.v_proj.weight": v,
@@ -87,7 +94,7 @@ def prism_config(arch: ArchConfig, context: int) -> dict[str, Any]:
         "hidden_size": arch.d_model,
         "num_hidden_layers": arch.n_layers,
         "num_attention_heads": list(arch.heads),
-        "num_key_value_heads": list(arch.heads),  # every head its own keys and values
+        "num_key_value_heads": list(arch.kv_per_layer()),  # grouped-query layers share each among h_l / kv_l
         "ffn_num_mlps": arch.ffn.k,
         "intermediate_size": arch.ffn.hidden,
         "ffn_wider": arch.ffn.wider,
@@ -109,7 +116,7 @@ def llama_config_fields(arch: ArchConfig, context: int) -> dict[str, Any]:
     return {
         "vocab_size": arch.vocab_size, "hidden_size": arch.d_model, "intermediate_size": arch.ffn.hidden,
         "num_hidden_layers": arch.n_layers, "num_attention_heads": arch.heads[0],
-        "num_key_value_heads": arch.heads[0], "head_dim": arch.d_model // arch.heads[0],
+        "num_key_value_heads": arch.kv_per_layer()[0], "head_dim": arch.d_model // arch.heads[0],
         "rms_norm_eps": arch.norm_eps, "rope_theta": arch.rope_theta, "tie_word_embeddings": arch.tie_embeddings,
         "max_position_embeddings": context, "attention_bias": False, "mlp_bias": False, "hidden_act": "silu",
         "initializer_range": INITIALIZER_RANGE,
