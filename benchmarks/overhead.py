@@ -126,8 +126,8 @@ def adaptive_plan_seconds(shapes: int, trials: int, reps: int, seed: int = 0) ->
     turn on seeds 1, 2, ... until ``trials`` scores (a score: a shape level, a seed effect and run noise)."""
     import random
 
+    from nas.stats.scores import ShapeScores
     from nas.study.adaptive import next_shape, warmup_shapes
-    from nas.study.records import ShapeScores
 
     rng = random.Random(seed)
     keys = [f"s{i}" for i in range(shapes)]

@@ -21,7 +21,7 @@ all from the same training:
 For each (configuration, score): the seed sd, the paired sd against the baseline, the spread of
 the shapes' true means and the **separation** (spread / paired sd: above about 1.5 one seed ranks
 shapes), and **Kendall tau** between the shapes' mean scores and the reference panel's mean
-losses, with a 95 % bootstrap interval over seeds (``reports.statistics.kendall_tau``); and the
+losses, with a 95 % bootstrap interval over seeds (``nas.stats.comparisons.kendall_tau``); and the
 CPU seconds a trial of that configuration costs. Configurations keep what defines the space (12
 layers, 12 baseline heads: the 129 schedules) and vary what does not: tokens, width (every head
 count still divides it), batch with learning rate, context.
@@ -144,7 +144,7 @@ def evaluate_config(runs: list[dict[str, Any]], panel: dict[str, Any], baseline:
                     key_map: dict[str, str]) -> dict[str, Any]:
     """Per score: noise and separation over the config's runs, tau against the panel (shapes mapped to the
     panel's keys by ``key_map``: a width-48 shape stands for its width-96 schedule)."""
-    from reports.statistics import kendall_tau
+    from nas.stats.comparisons import kendall_tau
 
     reference = losses_by_shape(panel["runs"])
     reference_tokens = int(panel["train"]["tokens"])

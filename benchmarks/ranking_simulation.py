@@ -118,8 +118,8 @@ def judge(trials: list, truth: Truth, base_seed: int) -> dict[str, float]:
     """The real report's verdict on a simulated study (``reports.summary.summarise``) against its truth."""
     import optuna
 
+    from nas.stats.comparisons import paired_gain, pooled_paired_sd
     from reports.frame import study_data
-    from reports.statistics import paired_gain, pooled_paired_sd
     from reports.summary import summarise
 
     data = study_data("simulated", [optuna.study.StudyDirection.MINIMIZE], trials,
@@ -143,13 +143,13 @@ def judge(trials: list, truth: Truth, base_seed: int) -> dict[str, float]:
 
 
 def board_quality(scores: dict, truth: Truth) -> dict[str, float]:
-    """The leaderboard's ranking against the truth, for the shrunk ranking (``reports.shrinkage``, today's) and the
+    """The leaderboard's ranking against the truth, for the shrunk ranking (``nas.stats.shrinkage``, today's) and the
     seed-adjusted one (before): Spearman correlation of each shape's ranked loss with its true mean, and the regret
     of the board's rank 1."""
     from scipy import stats
 
-    from nas.study.records import seed_adjusted_means
-    from reports.shrinkage import rank_shapes
+    from nas.stats.scores import seed_adjusted_means
+    from nas.stats.shrinkage import rank_shapes
 
     out = {}
     keys = list(scores)

@@ -1,3 +1,3 @@
 """Read a study from its storage and present it: the leaderboard of shapes ranked by their shrunk gain over the
-baseline (the mixed model's posterior, ``reports.shrinkage``), the HTML report, the dashboard note and the export
+baseline (the mixed model's posterior, ``nas.stats.shrinkage``), the HTML report, the dashboard note and the export
 rows."""

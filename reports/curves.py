@@ -25,7 +25,7 @@ def _shape_rows(data: StudyData) -> list[dict]:
         a = by_number[scores.first_trial].user_attrs
         rows.append({"key": key, "label": shape_label(data, key), "ratio": a.get("d_model_per_layer"),
                      "dh_ratio": a.get("d_h_over_d_model"), "k": a.get("k"), "losses": scores.losses,
-                     "baseline": key == data.baseline_key})
+                     "params": a.get("params"), "baseline": key == data.baseline_key})
     return [r for r in rows if r["ratio"] is not None]
 
 
@@ -48,6 +48,12 @@ def _scatter_by_k(rows: list[dict], x: str) -> list[go.Scatter]:
     return traces
 
 
+def budget_text(rows: list[dict]) -> str:
+    """``a budget of 1.35M parameters`` (the shapes' median count), or ``this budget``."""
+    params = sorted(r["params"] for r in rows if isinstance(r.get("params"), (int, float)))
+    return f"a budget of {params[len(params) // 2] / 1e6:.3g}M parameters" if params else "this budget"
+
+
 def width_depth_figure(rows: list[dict], notes: list[str]) -> go.Figure:
     points = [WidthDepthPoint(r["label"], float(r["ratio"]), tuple(r["losses"])) for r in rows]
     fig = go.Figure(_scatter_by_k(rows, "ratio"))
@@ -66,6 +72,11 @@ def width_depth_figure(rows: list[dict], notes: list[str]) -> go.Figure:
             notes.append(f"Fit: loss = a + b x + c x^2 in x = log(d_model/L), weighted least squares over "
                          f"{fit.n_points} shapes; minimum at d_model/L = {fit.minimum:.3g}{interval}, {where} the "
                          f"trained range [{lo:.3g}, {hi:.3g}].")
+            notes.append(f"This study's optimum, d_model/L = {fit.minimum:.3g}"
+                         + (f" [{fit.low:.3g}, {fit.high:.3g}]" if fit.low is not None else "")
+                         + f" at {budget_text(rows)}, beside the Hourglass paper's {PAPER_BAND[0]:.0f}-"
+                         f"{PAPER_BAND[1]:.0f} at 113M parameters" + ("" if fit.minimum_inside else
+                                                                      " (this one an extrapolation)") + ".")
             if fit.minimum_inside:
                 fig.add_trace(go.Scatter(x=[fit.minimum], y=fit.predict(np.array([fit.minimum])).tolist(),
                                          mode="markers", name="fitted minimum (band: 95 % bootstrap)",

@@ -2,7 +2,7 @@
 
 The history is drawn from the trained trials with the best *ranked loss* so far (what the
 leaderboard ranks by: the baseline's mean plus the shape's shrunk paired difference,
-``reports.shrinkage``); Optuna's own "best value" line would follow the single luckiest trial.
+``nas.stats.shrinkage``); Optuna's own "best value" line would follow the single luckiest trial.
 Pruning curves, importances and the Pareto front are Optuna's (``optuna.visualization``,
 ``optuna.importance``), drawn on a copy of the study that holds its trained trials only:
 duplicates (answered from an earlier trial) would count a shape twice.
@@ -16,10 +16,11 @@ import optuna
 import plotly.graph_objects as go
 from optuna.trial import FrozenTrial, TrialState
 
-from nas.study.records import ShapeScores, counts, loss_of
+from nas.stats.scores import ShapeScores
+from nas.stats.shrinkage import lowest_ranked_loss
+from nas.study.records import counts, loss_of
 from reports.frame import StudyData
 from reports.page import Section, plot_text
-from reports.shrinkage import lowest_ranked_loss
 from reports.summary import shape_label
 
 ROLE_COLOURS = {"baseline": "#d95f02", "member": "#22558c", "sampled": "#22558c", "replicate": "#1b9e77",
@@ -36,7 +37,7 @@ def trained_copy(data: StudyData) -> optuna.Study:
 def best_so_far(data: StudyData, completed: list[FrozenTrial]) -> tuple[list[int], list[float]]:
     """(trial number, the board's best ranked loss among the shapes trained so far) as each training arrives.
 
-    The leaderboard's ranking (``reports.shrinkage``: the baseline's mean plus each shape's shrunk difference from
+    The leaderboard's ranking (``nas.stats.shrinkage``: the baseline's mean plus each shape's shrunk difference from
     it) recomputed after every training, on the trainings so far.
     """
     scores: dict[str, ShapeScores] = {}

@@ -17,7 +17,8 @@ import pandas as pd
 from optuna.trial import FrozenTrial, TrialState
 
 from nas.arch import format_plateaus
-from nas.study.records import RESULT_FAILURES, ShapeScores, counts, is_duplicate, scores_by_shape, unreadable_attr
+from nas.stats.scores import ShapeScores
+from nas.study.records import RESULT_FAILURES, counts, is_duplicate, scores_by_shape, unreadable_attr
 from reports.leaderboard import leaderboard_of
 
 TRIAL_COLUMNS = ("number", "state", "counted", "key", "seed", "role", "heads", "plateaus", "k", "d_h", "d_model",

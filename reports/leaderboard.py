@@ -1,6 +1,6 @@
 """The leaderboard: one row per shape, ranked by its shrunk paired gain, with its mean over seeds and a 95% CI.
 
-``ranked_loss`` (``reports.shrinkage``) is the baseline's mean loss plus the empirical-Bayes posterior
+``ranked_loss`` (``nas.stats.shrinkage``) is the baseline's mean loss plus the empirical-Bayes posterior
 mean of the shape's paired difference from it: a one-seed shape is shown at the gain it can be
 expected to keep (``expected_gain_pct`` with its 95 % posterior interval, ``shrink`` the weight its own
 seeds get), so one lucky seed does not top the board. ``adjusted_loss``
@@ -24,8 +24,9 @@ from optuna.trial import FrozenTrial
 from scipy import stats
 
 from nas.arch import format_plateaus
-from nas.study.records import scores_by_shape, seed_adjusted_means
-from reports.shrinkage import rank_shapes
+from nas.stats.scores import seed_adjusted_means
+from nas.stats.shrinkage import rank_shapes
+from nas.study.records import scores_by_shape
 
 
 def ci95(values: list[float] | tuple[float, ...]) -> float | None:
@@ -37,7 +38,7 @@ def ci95(values: list[float] | tuple[float, ...]) -> float | None:
 
 
 def leaderboard(study: optuna.Study, top: int | None = None) -> pd.DataFrame:
-    """Shapes ranked by ``reports.shrinkage.ranking``; the baseline row is always included (``is_baseline``).
+    """Shapes ranked by ``nas.stats.shrinkage.ranking``; the baseline row is always included (``is_baseline``).
 
     Each row carries the shape itself as ``arch`` (an ``ArchConfig`` dict), so that a row of
     ``nas best --format json`` is a valid ``nas train --config``.

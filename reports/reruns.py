@@ -4,7 +4,7 @@
 named ``rerun_study_name(proxy study, preset)`` and marked with the study user attr
 ``nas:rerun_of``; each completed run carries ``proxy_key`` (the shape at the proxy) and ``seed``.
 Kendall tau compares the shapes' mean proxy loss with their mean full-scale loss; its interval
-is a bootstrap over seeds on both sides (``reports.statistics.kendall_tau``).
+is a bootstrap over seeds on both sides (``nas.stats.comparisons.kendall_tau``).
 """
 
 from __future__ import annotations
@@ -17,17 +17,11 @@ import pandas as pd
 import plotly.graph_objects as go
 from optuna.trial import TrialState
 
+from nas.stats.comparisons import kendall_tau
+from nas.study.records import RERUN_MARK
 from reports.frame import StudyData
 from reports.page import Section, plot_text, table, text
-from reports.statistics import kendall_tau
 from reports.summary import shape_label
-
-RERUN_MARK = "nas:rerun_of"
-
-
-def rerun_study_name(proxy_study: str, preset: str) -> str:
-    """The study that holds ``proxy_study``'s re-runs at ``preset``."""
-    return f"{proxy_study}:rerun:{preset}"
 
 
 def read_reruns(storage: optuna.storages.BaseStorage | str, proxy_study: str) -> pd.DataFrame | None:

@@ -1,7 +1,7 @@
 """The answer in one paragraph: the best shape against the baseline, how sure we are, and the tied set.
 
 After adaptive replicates (``nas.study.adaptive``) the best shape is the posterior's pick (the
-board's rank 1: the lowest shrunk loss, ``reports.shrinkage``), its gain is the shrunk gain with
+board's rank 1: the lowest shrunk loss, ``nas.stats.shrinkage``), its gain is the shrunk gain with
 its 95 % posterior (credible) interval, and the tied set is the 95 % credible set of the best. A
 Bayesian posterior does not need the selecting seeds left out: the shrinkage is what corrects the
 selection (``benchmarks/ranking_simulation.py`` measures the coverage on known truths).
@@ -9,7 +9,7 @@ selection (``benchmarks/ranking_simulation.py`` measures the coverage on known t
 Otherwise the best shape is, after a race (``nas.study.planning``), the race's leader: the best mean over
 the race's seeds among the candidates still in; otherwise the shape with the lowest mean loss
 over its seeds. Its gain over the baseline is paired (common seeds,
-``reports.statistics.paired_gain``) and honest about selection:
+``nas.stats.comparisons.paired_gain``) and honest about selection:
 
 - the seeds that selected it do not enter its interval. A shape reaches the top partly because
   its first-pass seed was lucky, so that seed (its trials with role ``member`` or ``sampled``)
@@ -26,8 +26,8 @@ The summary sentence then says either
 when that interval lies above zero, or "no shape is distinguishable from the baseline at this
 proxy budget; this study would have detected a gain of x % or more (80 % power), not a smaller
 one; the tied set is ..." otherwise, the tied set being the shapes a Holm-corrected paired test
-cannot tell from the best (``reports.statistics.tied_set``) and the gain the study's minimum
-detectable gain (``reports.resolution``): every answer says how small a gain it could have seen.
+cannot tell from the best (``nas.stats.comparisons.tied_set``) and the gain the study's minimum
+detectable gain (``nas.stats.resolution``): every answer says how small a gain it could have seen.
 """
 
 from __future__ import annotations
@@ -37,12 +37,12 @@ from statistics import NormalDist
 from typing import Any
 
 from nas.arch import ArchConfig
-from nas.study.adaptive import ADAPTIVE_ROLES, AdaptiveState, adaptive_state
-from nas.study.race import RACE_ROLES, RaceState, race_state
+from nas.stats.adaptive import ADAPTIVE_ROLES, AdaptiveState, adaptive_state
+from nas.stats.comparisons import ALPHA, PairedGain, paired_gain, pooled_paired_sd, tied_set
+from nas.stats.race import RACE_ROLES, RaceState, race_state
+from nas.stats.resolution import Resolution, gain_design, posterior_resolution, resolution
+from nas.stats.shrinkage import Z, rank_shapes
 from reports.frame import StudyData, outcome_counts
-from reports.resolution import Resolution, gain_design, posterior_resolution, resolution
-from reports.shrinkage import Z, rank_shapes
-from reports.statistics import ALPHA, PairedGain, paired_gain, pooled_paired_sd, tied_set
 
 SELECTING_ROLES = ("member", "sampled")  # the first-pass trials by which a shape entered the top of the board
 TIED_NAMES_SHOWN = 5
@@ -97,7 +97,7 @@ def adaptive_of(data: StudyData) -> AdaptiveState | None:
 
 
 def posterior_gain(data: StudyData, key: str) -> PairedGain | None:
-    """``key``'s shrunk gain over the baseline (``reports.shrinkage``) with its 95 % posterior interval, as a
+    """``key``'s shrunk gain over the baseline (``nas.stats.shrinkage``) with its 95 % posterior interval, as a
     ``PairedGain`` (``p_value``: twice the posterior probability that the gain has the other sign)."""
     gains = rank_shapes(data.scores, data.baseline_key).gains
     shrunk, base = gains.get(key), data.scores[data.baseline_key].mean  # type: ignore[index]
@@ -130,7 +130,7 @@ def honest_gain(data: StudyData, key: str) -> PairedGain | None:
 
 
 def study_resolution(data: StudyData, best: str | None) -> Resolution | None:
-    """The study's minimum detectable gain (``reports.resolution``) for its leader: ``best``, or the best shape
+    """The study's minimum detectable gain (``nas.stats.resolution``) for its leader: ``best``, or the best shape
     besides the baseline when the baseline leads; None while it cannot be estimated."""
     if best is None or data.baseline_key not in data.scores or data.board.empty:
         return None

@@ -11,11 +11,12 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from nas.study.adaptive import WARMUP, adaptive_state, credible_set, knowledge_gradients, next_shape
+from nas.stats.adaptive import adaptive_state, credible_set, knowledge_gradients
+from nas.stats.shrinkage import fit
+from nas.study.adaptive import WARMUP, next_shape
 from nas.study.planning import plan_next
 from nas.study.records import scores_by_shape
 from reports.frame import study_data
-from reports.shrinkage import fit
 from reports.summary import summarise
 from tests.test_race import play, search_of, trial_of
 from tests.test_shrinkage import BASE, TABLE, mixture_posterior, scores_of

@@ -1,6 +1,6 @@
 """Shapes compared at one seed see the same data in the same order, and Prism members start from the same weights.
 
-The paired comparisons of the race (``nas.study.race``) and of ``nas best`` rely on this: at a
+The paired comparisons of the race (``nas.stats.race``) and of ``nas best`` rely on this: at a
 common seed, the part of the score that comes from the data order and the initial weights is
 shared, and the paired difference keeps only what the shape changes.
 """

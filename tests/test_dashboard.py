@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from nas.cli import app
 from nas.study.config import SearchConfig
 from nas.study.parallel import run_search
+from reports.dashboard_note import NoteRefresher
 from search_spaces.factory import SpaceOptions
 
 
@@ -33,7 +34,7 @@ def get_json(url: str) -> dict:
 def test_dashboard_serves_the_study_and_its_trial_attrs(tmp_path, one_thread):
     storage = sqlite_url(tmp_path / "dash.db")
     run_search(SearchConfig(space=SpaceOptions(space="prism"), preset="tiny", storage=storage, trials=1,
-                            study_name="dash-demo"))
+                            study_name="dash-demo"), note=NoteRefresher())  # as `nas search` passes it
     port, log = free_port(), tmp_path / "dashboard.log"
     server = start_nas("dashboard", "--storage", storage, "--port", str(port), cwd=tmp_path, log=log)
     try:

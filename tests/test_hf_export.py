@@ -423,7 +423,7 @@ def test_export_a_study_row_fresh_and_a_trained_checkpoint_with_its_weights(runs
 def test_a_checkpoint_is_matched_to_its_study_row_or_to_the_row_a_rerun_carried_to_it(runs, tmp_path):
     import optuna
 
-    from reports.reruns import RERUN_MARK, rerun_study_name
+    from nas.study.records import RERUN_MARK, rerun_study_name
 
     root, storage = runs
     rows = json.loads((root / "best.json").read_text())

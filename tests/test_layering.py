@@ -7,7 +7,12 @@ The flow is ``CLI -> space -> ArchConfig -> runner -> result -> storage -> repor
   or through another project module;
 - runners train and score a shape and report through a callback: they never import the study
   or the command line;
-- reports read a study and draw it: they never import runners or the model (nor torch);
+- reports read a study and draw it: they never import runners or the model (nor torch), nor the search
+  loop (``nas.study`` and ``nas.rerun``, except the stored trial format ``nas.study.records``);
+- the search loop (``nas.study``, ``nas.rerun``) never imports the reports: it decides from the statistics,
+  and the dashboard note reaches it as a callback from the command line;
+- the statistics of a study (``nas.stats``) are pure functions of the scores: they import neither the
+  search loop, the re-runs, the reports nor the command line, and no torch or Optuna;
 - nothing below the command line imports it;
 - Optuna's private API is reached from ``nas/study/optuna_internals.py`` only.
 
@@ -29,6 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("nas", "search_spaces", "runners", "reports", "benchmarks")
 TORCH_FREE = ("search_spaces", "nas.arch", "nas.errors", "nas.units", "nas.configs")
 INTERNALS = "nas.study.optuna_internals"
+SEARCH_LOOP = ("nas.study", "nas.rerun")
+STORED_FORMAT = ("nas.study", "nas.study.records")  # what readers may import of the study package
 # private Optuna names: only INTERNALS may touch them
 PRIVATE_OPTUNA = {"_storage", "_trial_id", "_study_id", "_cached_frozen_trial", "_backend", "_create_scoped_session",
                   "_datetime_start_utc", "_rdb"}
@@ -122,6 +129,16 @@ def violations(graph: dict[str, set[str]], external: dict[str, set[str]]) -> lis
         if under(module, "reports"):
             broken += [f"{module} -> {m}" for m in sorted(reached) if under(m, "runners") or under(m, "nas.model")]
             broken += [f"{module} -> torch (via {m})" for m in sorted(reached) if "torch" in external[m]]
+        if under(module, "reports"):
+            broken += [f"{module} -> {m} (the search loop)" for m in sorted(reached)
+                       if any(under(m, p) for p in SEARCH_LOOP) and m not in STORED_FORMAT]
+        if any(under(module, p) for p in SEARCH_LOOP):
+            broken += [f"{module} -> {m} (a report)" for m in sorted(reached) if under(m, "reports")]
+        if under(module, "nas.stats"):
+            broken += [f"{module} -> {m}" for m in sorted(reached)
+                       if any(under(m, p) for p in (*SEARCH_LOOP, "reports", "nas.cli"))]
+            broken += [f"{module} -> {lib} (via {m})" for m in sorted(reached) for lib in ("torch", "optuna")
+                       if lib in external[m]]
         if not under(module, "nas.cli"):
             broken += [f"{module} -> {m} (the CLI)" for m in sorted(reached) if under(m, "nas.cli")]
     return broken
@@ -138,6 +155,12 @@ def test_the_layering_holds():
     (("runners.proxy", "nas.study.records"), "runners.proxy -> nas.study.records"),
     (("reports.leaderboard", "nas.model.transformer"), "reports.leaderboard -> nas.model.transformer"),
     (("nas.study.worker", "nas.cli.progress"), "nas.study.worker -> nas.cli.progress (the CLI)"),
+    (("nas.study.worker", "reports.dashboard_note"), "nas.study.worker -> reports.dashboard_note (a report)"),
+    (("nas.rerun.plan", "reports.frame"), "nas.rerun.plan -> reports.frame (a report)"),
+    (("reports.summary", "nas.study.adaptive"), "reports.summary -> nas.study.adaptive (the search loop)"),
+    (("nas.stats.shrinkage", "nas.study.records"), "nas.stats.shrinkage -> nas.study.records"),
+    (("nas.stats.adaptive", "reports.frame"), "nas.stats.adaptive -> reports.frame"),
+    (("nas.stats.race", "runners.proxy"), "nas.stats.race -> torch"),
 ])
 def test_a_forbidden_import_is_caught(edge, says):
     graph, external = import_graph()

@@ -115,8 +115,8 @@ def test_the_history_line_replays_the_leaderboards_ranking_in_trial_order(study)
     import random
     from types import SimpleNamespace
 
+    from nas.stats.shrinkage import ranked_losses, shrunk_gains
     from reports.dynamics import best_so_far
-    from reports.shrinkage import ranked_losses, shrunk_gains
 
     rng = random.Random(7)
     shapes = [STEP, *(ArchConfig(n_layers=4, d_model=32, heads=h, ffn=BASE.ffn, vocab_size=256)

@@ -17,9 +17,10 @@ from typer.testing import CliRunner
 from nas.cli import app
 from nas.study.config import SearchConfig
 from nas.study.parallel import run_search
+from nas.study.records import rerun_study_name
 from reports.frame import read_study
 from reports.html import build_report
-from reports.reruns import read_reruns, rerun_study_name
+from reports.reruns import read_reruns
 from search_spaces.factory import SpaceOptions
 
 pytestmark = pytest.mark.slow

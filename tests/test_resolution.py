@@ -11,10 +11,11 @@ import pytest
 from scipy import stats
 
 from nas.arch import uniform
-from nas.study.records import ShapeScores, shape_attrs
+from nas.stats.mixed_model import design_sums, solve
+from nas.stats.resolution import detectable_gain, gain_design, posterior_resolution, power, seeds_needed
+from nas.stats.scores import ShapeScores
+from nas.study.records import shape_attrs
 from reports.frame import read_study
-from reports.mixed_model import design_sums, solve
-from reports.resolution import detectable_gain, gain_design, posterior_resolution, power, seeds_needed
 from reports.summary import summarise
 
 

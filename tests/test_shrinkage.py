@@ -1,4 +1,4 @@
-"""The shrunk ranking (``reports.shrinkage``): the formula on a hand-worked case, and on known truths a ranking
+"""The shrunk ranking (``nas.stats.shrinkage``): the formula on a hand-worked case, and on known truths a ranking
 that keeps one lucky seed from the top, with posterior intervals that cover what the simulation drew."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from statistics import fmean
 import numpy as np
 import pytest
 
-from nas.study.records import ShapeScores, seed_adjusted_means
-from reports.shrinkage import fit, ranked_losses, ranking, shrunk_gains
+from nas.stats.scores import ShapeScores, seed_adjusted_means
+from nas.stats.shrinkage import fit, ranked_losses, ranking, shrunk_gains
 
 BASE = "base"
 

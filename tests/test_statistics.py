@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from nas.study.records import ShapeScores
-from reports.statistics import holm_rejections, kendall_tau, paired_gain, pooled_paired_sd, tied_set
+from nas.stats.comparisons import holm_rejections, kendall_tau, paired_gain, pooled_paired_sd, tied_set
+from nas.stats.scores import ShapeScores
 from reports.width_depth import WidthDepthPoint, fit_width_depth
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -14,6 +14,24 @@ from nas.errors import UsageError
 from nas.files import output_folder
 from nas.study.config import DEFAULT_STORAGE, display_url
 from nas.units import parse_size
+
+if TYPE_CHECKING:
+    from nas.rerun.plan import ProxyRanking
+    from reports.frame import StudyData
+
+
+def proxy_ranking(data: StudyData) -> ProxyRanking:
+    """The proxy study as ``nas.rerun.plan`` reads it: the board's order (the shrunk ranking) and the shapes."""
+    from nas.arch import ArchConfig
+    from nas.rerun.plan import ProxyRanking
+
+    ranked = tuple((int(r.rank), str(r.key)) for r in data.board.itertuples()) if not data.board.empty else ()
+    archs: dict[str, ArchConfig] = {}
+    for t in data.trials:
+        key, arch = t.user_attrs.get("key"), t.user_attrs.get("arch")
+        if isinstance(key, str) and isinstance(arch, dict) and key not in archs:
+            archs[key] = ArchConfig.from_dict(arch)
+    return ProxyRanking(data.name, data.baseline_key, ranked, archs, data.space)
 
 
 @app.command()
@@ -50,10 +68,10 @@ def rerun(
     from nas.rerun.launch import LaunchOptions, launch, read_result
     from nas.rerun.plan import RerunSettings, plan_runs, plan_shapes
     from nas.rerun.record import record, recorded, rerun_study
+    from nas.stats.comparisons import kendall_tau
     from nas.study.storage import make_storage, open_existing_study
     from reports.frame import read_study
     from reports.reruns import read_reruns
-    from reports.statistics import kendall_tau
     from runners.presets import get_preset
 
     for flag, value in (("--top", top), ("--seeds", seeds), ("--nproc", nproc)):
@@ -82,7 +100,7 @@ def rerun(
                          "sequences")
     study, _ = open_existing_study(storage, study_name)
     proxy = read_study(study)
-    shapes = plan_shapes(proxy, target, top)
+    shapes = plan_shapes(proxy_ranking(proxy), target, top)
     if target.baseline.vocab_size < dataset.vocab_size:
         raise UsageError(f"preset {preset} has a vocabulary of {target.baseline.vocab_size}, below the data's "
                          f"{dataset.vocab_size}")

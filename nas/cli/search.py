@@ -109,11 +109,12 @@ def search(
     from nas.study.signals import interruptible
     from nas.study.storage_faults import first_line, storage_failure
     from nas.study.worker import SearchAborted, trials_done
+    from reports.dashboard_note import NoteRefresher
 
     interruptible()
     try:
         progress = Progress()
-        result = run_search(config, on_event=progress, on_start=progress.start)
+        result = run_search(config, on_event=progress, on_start=progress.start, note=NoteRefresher())
     except SearchAborted as error:
         typer.echo(f"error: search stopped: {error}", err=True)
         raise typer.Exit(1) from None

@@ -50,7 +50,7 @@ def gpu_arithmetic(preset: Preset) -> str:
     """The cost and predicted resolution of a GPU proxy preset, as ``nas presets`` states it."""
     import math
 
-    from reports.resolution import detectable_gain
+    from nas.stats.resolution import detectable_gain
     from search_spaces.factory import SpaceOptions, build_space
 
     b, t, g = preset.baseline, preset.train, preset.gpu

@@ -23,7 +23,6 @@ from pathlib import Path
 
 from nas.arch import ArchConfig
 from nas.errors import UsageError
-from reports.frame import StudyData
 from runners.presets import Preset
 from search_spaces.transfer import Transfer, transfer_shape
 
@@ -74,29 +73,36 @@ def safe_name(text: str) -> str:
     return f"{cleaned}-{hashlib.sha1(text.encode('utf-8', 'surrogateescape')).hexdigest()[:8]}"
 
 
-def _arch_of(data: StudyData, key: str) -> ArchConfig:
-    for t in data.trials:
-        if t.user_attrs.get("key") == key and t.user_attrs.get("arch"):
-            return ArchConfig.from_dict(t.user_attrs["arch"])
-    raise UsageError(f"study {data.name!r} holds no shape for {key}")
+@dataclass(frozen=True)
+class ProxyRanking:
+    """What a re-run needs of the proxy study, as plain values (the command line reads it from the storage):
+    its name, baseline, shapes in the board's order (the shrunk ranking readers see) and space description."""
+
+    name: str
+    baseline_key: str | None
+    ranked: tuple[tuple[int, str], ...]  # (rank, key), rank 1 first
+    archs: dict[str, ArchConfig]  # every ranked shape
+    space: dict
 
 
-def plan_shapes(data: StudyData, preset: Preset, top: int) -> list[PlannedShape]:
+def plan_shapes(proxy: ProxyRanking, preset: Preset, top: int) -> list[PlannedShape]:
     """The baseline and the ``top`` best other shapes, each carried to ``preset``."""
-    if data.board.empty:
-        raise UsageError(f"study {data.name!r} has no completed training yet: nothing to re-run")
-    if data.baseline_key is None or data.baseline_key not in set(data.board["key"]):
-        raise UsageError(f"study {data.name!r} has no completed baseline: its gains cannot be checked")
-    proxy_baseline = _arch_of(data, data.baseline_key)
-    ranked = [(int(r.rank), str(r.key)) for r in data.board.itertuples()]
-    chosen = [(rank, key) for rank, key in ranked if key == data.baseline_key]
-    chosen += [(rank, key) for rank, key in ranked if key != data.baseline_key][:top]
+    if not proxy.ranked:
+        raise UsageError(f"study {proxy.name!r} has no completed training yet: nothing to re-run")
+    if proxy.baseline_key is None or proxy.baseline_key not in {key for _, key in proxy.ranked}:
+        raise UsageError(f"study {proxy.name!r} has no completed baseline: its gains cannot be checked")
+    missing = [key for _, key in proxy.ranked if key not in proxy.archs]
+    if missing:
+        raise UsageError(f"study {proxy.name!r} holds no shape for {missing[0]}")
+    proxy_baseline = proxy.archs[proxy.baseline_key]
+    chosen = [(rank, key) for rank, key in proxy.ranked if key == proxy.baseline_key]
+    chosen += [(rank, key) for rank, key in proxy.ranked if key != proxy.baseline_key][:top]
     shapes = []
     for rank, key in chosen:
-        role = "baseline" if key == data.baseline_key else "candidate"
-        carried = transfer_shape(_arch_of(data, key), data.space, proxy_baseline, preset.baseline)
+        role = "baseline" if key == proxy.baseline_key else "candidate"
+        carried = transfer_shape(proxy.archs[key], proxy.space, proxy_baseline, preset.baseline)
         if role == "baseline" and not carried.ok:
-            raise UsageError(f"the baseline of {data.name!r} cannot be carried to {preset.name}: {carried.refused}")
+            raise UsageError(f"the baseline of {proxy.name!r} cannot be carried to {preset.name}: {carried.refused}")
         shapes.append(PlannedShape(key, rank, role, carried))
     return shapes
 

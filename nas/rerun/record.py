@@ -1,7 +1,7 @@
 """Writing re-runs back to the study's storage, where ``nas report`` finds them (``reports.reruns``).
 
 Each target preset's runs live in a study of their own beside the proxy study, named by
-``reports.reruns.rerun_study_name`` and marked ``nas:rerun_of``; one trial per finished run,
+``nas.study.records.rerun_study_name`` and marked ``nas:rerun_of``; one trial per finished run,
 COMPLETE with its validation loss (or FAIL with its status when it diverged), its user attrs
 linking it to the proxy (``proxy_key``, ``proxy_rank``, ``proxy_trials``) and carrying the run's
 curves, tokens/s and MFU. A (shape, seed) already recorded is not recorded again.
@@ -15,7 +15,7 @@ import optuna
 from optuna.trial import TrialState
 
 from nas.rerun.plan import PlannedRun, RerunSettings
-from reports.reruns import RERUN_MARK, rerun_study_name
+from nas.study.records import RERUN_MARK, rerun_study_name
 
 
 def rerun_study(storage: optuna.storages.BaseStorage, settings: RerunSettings, variant: str,

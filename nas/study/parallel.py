@@ -23,7 +23,7 @@ from nas.study.placement import Placement, apply_placement, cpu_cores, gpu_count
 from nas.study.session import Search, open_search
 from nas.study.signals import Terminated, interruptible
 from nas.study.trial import POLL_S
-from nas.study.worker import SearchAborted, TrialEvent, run_worker, trials_done
+from nas.study.worker import SearchAborted, StudyNote, TrialEvent, run_worker, trials_done
 from runners.distributed import die_with_parent
 from runners.presets import get_preset
 
@@ -77,7 +77,8 @@ def placed(config: SearchConfig, placement: Placement, workers: int) -> SearchCo
     return replace(config, workers=workers, train_overrides=(*overrides, *device, ("threads", placement.threads)))
 
 
-def _worker_main(config: SearchConfig, worker: int, queue: Any, placement: Placement | None = None) -> None:
+def _worker_main(config: SearchConfig, worker: int, queue: Any, placement: Placement | None = None,
+                 note: StudyNote | None = None) -> None:
     # a worker outliving a SIGKILLed parent would hold its trial with live heartbeats (never found stale)
     # while nothing reads its events: it dies with the parent, and its trial is retried like any killed one
     die_with_parent()
@@ -90,7 +91,7 @@ def _worker_main(config: SearchConfig, worker: int, queue: Any, placement: Place
     try:
         search = open_search(config, worker=worker, create=False)
         search.device_label = placement.label if placement is not None else search.device_label
-        run_worker(search, lambda event: queue.put(("event", worker, event)))
+        run_worker(search, lambda event: queue.put(("event", worker, event)), note)
         queue.put(("done", worker, None))
     except KeyboardInterrupt:
         queue.put(("interrupted", worker, None))
@@ -102,10 +103,11 @@ def _worker_main(config: SearchConfig, worker: int, queue: Any, placement: Place
 
 
 def run_search(config: SearchConfig, on_event: Callable[[TrialEvent], None] | None = None,
-               on_start: Callable[[Search], None] | None = None) -> Search:
+               on_start: Callable[[Search], None] | None = None, note: StudyNote | None = None) -> Search:
     """Open (or resume) the study and run ``config.workers`` workers until it holds ``trials`` counted trials.
 
-    Each worker trains where ``placements`` puts it; a single worker runs in this process."""
+    Each worker trains where ``placements`` puts it; a single worker runs in this process. ``note`` (picklable: it
+    goes to every worker process) refreshes the study's note for readers (``nas.study.worker.run_worker``)."""
     config.validate()
     places = placements(config)
     workers = len(places)
@@ -115,12 +117,12 @@ def run_search(config: SearchConfig, on_event: Callable[[TrialEvent], None] | No
     if on_start is not None:
         on_start(search)
     if workers == 1:
-        run_worker(search, on_event)
+        run_worker(search, on_event, note)
         return search
     config = search.config  # carries the resolved study name
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
-    processes = [context.Process(target=_worker_main, args=(placed(config, p, workers), p.worker, queue, p),
+    processes = [context.Process(target=_worker_main, args=(placed(config, p, workers), p.worker, queue, p, note),
                                  daemon=False) for p in places]
     for p in processes:
         p.start()

@@ -13,7 +13,7 @@ seed (the first pass). The remaining trials go, by default, to **adaptive replic
   common seeds; the first-pass seed, which selected them, takes no part in the race;
 - after each result, a candidate is dropped when a one-sided paired t-test on common race seeds
   says it is worse than the current leader (the best mean over race seeds), with Holm's
-  correction over the candidates tested (``reports.statistics``; a pair with one common seed
+  correction over the candidates tested (``nas.stats.comparisons``; a pair with one common seed
   borrows the pooled paired sd of the others);
 - the race ends when one candidate is left (significantly best); the remaining trials then go
   to fresh seeds of it and of the baseline (role ``confirm``), for the gain's interval.
@@ -33,9 +33,10 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
+from nas.stats.race import RaceState, first_pass_candidates, race_state
+from nas.stats.scores import seed_adjusted_means
 from nas.study.adaptive import next_shape
-from nas.study.race import RaceState, first_pass_candidates, race_state
-from nas.study.records import arch_of, counts, in_flight, key_seed, scores_by_shape, seed_adjusted_means
+from nas.study.records import arch_of, counts, in_flight, key_seed, scores_by_shape
 from nas.study.session import Search
 
 

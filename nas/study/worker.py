@@ -22,6 +22,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from nas.arch import ArchConfig
 from nas.errors import SearchAborted, UsageError
+from nas.stats.shrinkage import rank_shapes
 from nas.study.heartbeat import Heartbeat, TrialLost, warn_on_stderr
 from nas.study.optuna_internals import trial_id
 from nas.study.planning import plan_next
@@ -31,8 +32,6 @@ from nas.study.session import Search
 from nas.study.signals import interrupts_deferred
 from nas.study.storage_faults import storage_failure, wait_for_storage
 from nas.study.trial import POLL_S, run_trial
-from reports.dashboard_note import NoteRefresher
-from reports.shrinkage import rank_shapes
 
 LOST_CONNECTION = "the storage connection was lost while it ran; re-queued"
 MAX_ERROR_STREAK = 3  # trials in a row crashing with an error (not a result) stop the worker
@@ -60,7 +59,7 @@ class TrialEvent:
 def summary(search: Search, trials: list[FrozenTrial]) -> tuple[int, tuple[int, float] | None, float | None]:
     """(counted trials, best shape as (its first trial, ranked loss), the baseline's mean loss).
 
-    Shapes are ranked as in the leaderboard (``reports.shrinkage.ranking``: the baseline's mean plus the shape's
+    Shapes are ranked as in the leaderboard (``nas.stats.shrinkage.ranking``: the baseline's mean plus the shape's
     paired difference shrunk by what its seeds support): one lucky seed is not a gain (and the baseline's own first
     seed must not show a gain over the baseline).
     """
@@ -73,10 +72,16 @@ def summary(search: Search, trials: list[FrozenTrial]) -> tuple[int, tuple[int, 
             baseline.mean if baseline else None)
 
 
-def run_worker(search: Search, on_event: Callable[[TrialEvent], None] | None = None) -> int:
-    """Train trials until the study holds ``trials`` counted ones; returns how many this worker trained."""
+StudyNote = Callable[[optuna.Study, bool], None]  # (study, force): refresh what a reader sees of the study
+
+
+def run_worker(search: Search, on_event: Callable[[TrialEvent], None] | None = None,
+               note: StudyNote | None = None) -> int:
+    """Train trials until the study holds ``trials`` counted ones; returns how many this worker trained.
+
+    ``note`` (the command line passes the dashboard's study note, ``reports.dashboard_note.NoteRefresher``) is
+    called after each trial and once, forced, at the end; the search loop itself never imports the report."""
     study, target = search.study, search.config.trials
-    note = NoteRefresher()  # the dashboard's study note: summary sentence and leaderboard
     trained = duplicate_streak = error_streak = 0
     finished: tuple | None = None  # the last trial's outcome, told to ``on_event`` with the next read of the study
     while True:
@@ -152,10 +157,12 @@ def run_worker(search: Search, on_event: Callable[[TrialEvent], None] | None = N
             finished = None
 
 
-def _refresh_note(note: NoteRefresher, study: optuna.Study, force: bool = False) -> None:
-    """Refresh the dashboard note; a failure is a warning, never a reason to stop the search."""
+def _refresh_note(note: StudyNote | None, study: optuna.Study, force: bool = False) -> None:
+    """Refresh the study's note; a failure is a warning, never a reason to stop the search."""
+    if note is None:
+        return
     try:
-        note(study, force=force)
+        note(study, force)
     except Exception as error:  # noqa: BLE001 - the note is a convenience; the trials are what matters
         warn_on_stderr(f"could not refresh the study's dashboard note: {type(error).__name__}: {error}"[:300])
 

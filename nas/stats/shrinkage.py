@@ -19,7 +19,7 @@ Given ``lambda = s2 / tau^2``, the posterior mean of ``(m, u)`` solves the mixed
     [X'Z             X'X] [u] = [X'y]        posterior covariance s2 * (that matrix)^-1
 
 where ``Z`` and ``X`` mark each score's shape and seed. ``Z'Z`` is diagonal, so ``m`` is eliminated
-(a Schur complement over the few seeds; ``reports.mixed_model``): a study of a thousand shapes solves in
+(a Schur complement over the few seeds; ``nas.stats.mixed_model``): a study of a thousand shapes solves in
 milliseconds; a study with more seeds than shapes eliminates the seeds instead (``X'X`` is diagonal too). In
 words: a shape with ``n`` seeds keeps about ``B = tau^2 / (tau^2 + s2 / n)`` of its own lead (at the
 default proxy's noise, about a quarter for one seed and three quarters for nine), the seed effects are
@@ -50,9 +50,9 @@ from statistics import NormalDist
 
 import numpy as np
 
-from nas.study.records import ShapeScores, mean_by_seed, seed_adjusted_means
-from reports.mixed_model import Likelihood, Solution, design_sums, solve
-from reports.statistics import ALPHA
+from nas.stats.comparisons import ALPHA
+from nas.stats.mixed_model import Likelihood, Solution, design_sums, solve
+from nas.stats.scores import ShapeScores, mean_by_seed, seed_adjusted_means
 
 Z = NormalDist().inv_cdf(1 - ALPHA / 2)
 LOG_LAMBDA_GRID = np.arange(-9.0, 9.0 + 1e-9, 0.5)  # lam = s2 / tau^2: the posterior's support; past e^9, tau = 0

@@ -11,14 +11,14 @@ and noncentrality ``delta sqrt(n) / sigma``, so the test's power is exactly::
 
 The **minimum detectable gain** (MDG) is the ``delta`` at which that power is 80 % (Cohen 1988;
 for large ``n`` it tends to ``(z_{1-alpha/2} + z_{0.8}) sigma / sqrt(n)``). The study supplies
-``sigma`` (its pooled paired sd against the baseline, ``reports.statistics.pooled_paired_sd``),
+``sigma`` (its pooled paired sd against the baseline, ``nas.stats.comparisons.pooled_paired_sd``),
 ``n`` (the leader's paired seeds that did not select it, as its interval uses them) and
 ``alpha`` (Bonferroni over the race's candidates after a race, as the pick's interval). The
 seeds a 1 % and a 0.5 % gain would need are the smallest ``n`` whose MDG is at most that share
 of the baseline's loss. ``tests/test_resolution.py`` checks the power against a simulation.
 
 After adaptive replicates the sentence's test is the pick's 95 % *credible* interval of its shrunk
-gain (``reports.shrinkage``), not a t interval on its paired seeds (the shape model reads every
+gain (``nas.stats.shrinkage``), not a t interval on its paired seeds (the shape model reads every
 seed of every shape, so the baseline needs no seed in common with the pick). Its estimate is linear in
 the scores at the REML ``lambda``, ``theta_hat ~ N(-g delta, s2 c2)`` at a true gain ``delta`` (every
 other shape level with the baseline; ``GainDesign``), with posterior sd ``sqrt(s2 q)``,
@@ -39,8 +39,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import optimize, stats
 
-from nas.study.records import ShapeScores
-from reports.shrinkage import fit
+from nas.stats.scores import ShapeScores
+from nas.stats.shrinkage import fit
 
 POWER = 0.8
 TARGET_SHARES = (0.01, 0.005)  # the gains (as shares of the baseline's loss) whose seed counts every answer gives
@@ -146,7 +146,7 @@ class GainDesign:
                                                                    the baseline: the share the shrinkage keeps)
         Var(theta_hat) = s2 c2,            c2 = ||c||^2 = q - lambda ||v||^2
 
-    ``reports.resolution.posterior_resolution`` turns them into the gain its credible interval detects."""
+    ``nas.stats.resolution.posterior_resolution`` turns them into the gain its credible interval detects."""
 
     s2: float
     lam: float

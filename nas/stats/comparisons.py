@@ -23,7 +23,7 @@ from statistics import fmean, stdev
 
 from scipy import stats
 
-from nas.study.records import ShapeScores
+from nas.stats.scores import ShapeScores
 
 ALPHA = 0.05  # two-sided 95 % intervals; tests at 5 %
 
@@ -40,7 +40,7 @@ class PairedGain:
     p_value: float | None  # two-sided, H0: no difference
     sd: float | None  # the paired-difference sd used (own, or pooled)
     pooled: bool = False  # sd from the study's pool rather than this pair
-    posterior: bool = False  # a posterior (credible) interval of the shrunk gain (reports.shrinkage), not a t one
+    posterior: bool = False  # a posterior (credible) interval of the shrunk gain (nas.stats.shrinkage), not a t one
 
     @property
     def significant(self) -> bool:

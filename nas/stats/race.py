@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nas.study.records import ShapeScores
-from reports.statistics import ALPHA, holm_rejections, worse_than
+from nas.stats.comparisons import ALPHA, holm_rejections, worse_than
+from nas.stats.scores import ShapeScores
 
 RACE_ROLES = ("race", "confirm")
 

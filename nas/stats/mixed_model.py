@@ -1,4 +1,4 @@
-"""The two-way mixed model behind the shrunk ranking (``reports.shrinkage``): its sums, its solve, its likelihood.
+"""The two-way mixed model behind the shrunk ranking (``nas.stats.shrinkage``): its sums, its solve, its likelihood.
 
 Every score of a study is ``L_s,i = m_s + u_i + e_s,i`` (shape level, seed effect, run noise). Given ``lambda =
 s2 / tau^2`` Henderson's mixed-model equations::
