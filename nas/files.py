@@ -31,11 +31,12 @@ from nas.errors import UsageError, quoted
 
 STDOUT = "-"
 _KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"))
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
 _REASONS = {errno.ENOENT: "it does not exist", errno.ENAMETOOLONG: "its name is too long for this file system",
             errno.EACCES: "permission denied", errno.EPERM: "not permitted", errno.ELOOP: "a loop of symbolic links",
             errno.ENOTDIR: "a part of it is not a folder", errno.EROFS: "a read-only file system",
-            errno.ENOSPC: "no space left on device", errno.EISDIR: "it is a folder", errno.EPIPE: "the pipe is closed"}
+            errno.ENOSPC: "no space left on device", errno.EISDIR: "it is a directory",
+            errno.EPIPE: "the pipe is closed"}
 
 
 def show(path: str | os.PathLike[str]) -> str:
@@ -100,7 +101,7 @@ def check_input(text: str | os.PathLike[str], what: str, kind: str = "file") -> 
     is_file, is_dir = stat.S_ISREG(info.st_mode), stat.S_ISDIR(info.st_mode)
     if (kind == "file" and not is_file) or (kind == "folder" and not is_dir) or (kind == "any" and not (is_file or
                                                                                                     is_dir)):
-        wanted = {"file": "a regular file", "folder": "a folder", "any": "a regular file or a folder"}[kind]
+        wanted = {"file": "a regular file", "folder": "a directory", "any": "a regular file or a directory"}[kind]
         raise UsageError(f"{what} {show(path)} is {kind_of(info.st_mode)}, not {wanted}")
     return path
 
@@ -182,7 +183,7 @@ class OutputFile:
         path = self.path
         name = os.fsencode(path.name)
         if not name or path.name in (".", ".."):
-            raise UsageError(f"{self.what} {show(path)} names a folder: give a file name")
+            raise UsageError(f"{self.what} {show(path)} is a directory: give a file name")
         if len(name) + len(".tmp") + 9 > _name_max(path.parent if str(path.parent) else Path(".")):
             raise UsageError(f"{self.what} {show(path)} has a name too long for this file system "
                              f"({len(name)} bytes)")

@@ -66,7 +66,7 @@ def test_unreadable_files_name_the_file(tmp_path, text, says):
     assert str(path) in str(error.value)
     with pytest.raises(UsageError, match="does not exist"):
         read_arch_config(tmp_path / "missing.json")
-    with pytest.raises(UsageError, match="is a folder, not a regular file"):
+    with pytest.raises(UsageError, match="is a directory, not a regular file"):
         read_arch_config(tmp_path)
 
 

@@ -95,7 +95,7 @@ def test_rerunning_the_same_search_continues_it_to_the_requested_trials(tmp_path
     assert len(run_search(SearchConfig(**{**config.__dict__, "trials": 4})).study.trials) == len(trials)
     # the same study name with other training settings is refused, not mixed in
     other = SearchConfig(**{**config.__dict__, "study_name": "prism-tiny", "train_overrides": (("lr", 0.5),)})
-    with pytest.raises(UsageError, match="created with other train settings"):
+    with pytest.raises(UsageError, match="created with other settings: train.lr is 0.01 there, 0.5 here"):
         run_search(other)
 
 

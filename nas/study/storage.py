@@ -53,8 +53,12 @@ def parse_url(url: str) -> sqlalchemy.URL:
     """Validate a storage URL; one-line error naming it and what would be valid."""
     try:
         parsed = make_url(url)
+    except Exception:  # noqa: BLE001 - sqlalchemy raises ArgumentError, ValueError...
+        raise UsageError(f"storage URL {display_url(url)!r} is malformed: use e.g. sqlite:///nas.db or "
+                         "postgresql://user:password@host:5432/db") from None
+    try:
         parsed.get_dialect()  # file:///, http://...: no database SQLAlchemy knows
-    except Exception:  # noqa: BLE001 - sqlalchemy raises ArgumentError, NoSuchModuleError, ValueError...
+    except Exception:  # noqa: BLE001 - NoSuchModuleError, or a dialect's own import failing
         raise UsageError(f"storage URL {display_url(url)!r} is not a database URL SQLAlchemy knows: use e.g. "
                          "sqlite:///nas.db or postgresql://user:password@host:5432/db") from None
     if parsed.get_backend_name() == "sqlite":
