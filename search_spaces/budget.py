@@ -21,6 +21,13 @@ closest to the budget, ``u = round((B - N(L, d, K, 0, 0)) / 3 d)`` hidden units 
 ``d_h = u // (L K)`` and ``w = u % (L K)``. Among those within
 ``tolerance`` of the budget and within ``ratio_tolerance`` of ``rho``, the one closest to ``rho``
 wins. A point with no such width is *unmatched* and reported with the reason.
+
+Grouped-query attention (``kv_group = g > 1``, ``search_spaces.kv``): every layer keeps ``h / g`` key/value
+heads, so W_K and W_V are ``d / g x d`` and the attention's ``4 L d^2`` becomes ``2 (1 + 1/g) L d^2``
+(``a = L (2 + 2/g + 3 K rho)``); widths are multiples of ``g head_dim`` (the head count divisible by g)
+and at least ``g head_dim min_kv_heads``. The parameters the smaller projections save go where the grid
+point puts them: width (d solved), depth (the point's L) or the FFN (d_h, and K). ``rebalance_ffn`` gives
+one shape's saved parameters to its FFN hidden size instead (its width and depth fixed).
 """
 
 from __future__ import annotations
@@ -41,10 +48,28 @@ class BudgetMatcher:
     head_dim: int
     tolerance: float
     hidden_multiple: int = 1  # d_h a multiple of this and no wider sub-MLPs; 1: exact
+    kv_group: int = 1  # query heads per key/value head in every layer (1: multi-head attention)
+    min_kv_heads: int = 1  # a grouped shape keeps at least this many key/value heads per layer
 
     def arch(self, layers: int, d_model: int, k: int, d_h: int, wider: int = 0) -> ArchConfig:
         heads = d_model // self.head_dim
-        return uniform(layers, d_model, heads, self.vocab_size, FFNShape(k, d_h, wider), self.tie_embeddings)
+        shape = uniform(layers, d_model, heads, self.vocab_size, FFNShape(k, d_h, wider), self.tie_embeddings)
+        return shape.replace(kv_heads=[heads // self.kv_group] * layers) if self.kv_group > 1 else shape
+
+    @property
+    def width_step(self) -> int:
+        """Widths are multiples of this: the head dim, times the group size (the head count divides into groups)."""
+        return self.head_dim * self.kv_group
+
+    def width_error(self, d_model: int) -> str | None:
+        """Why ``d_model`` has no head count this matcher's group size takes; None when it has."""
+        heads = d_model // self.head_dim
+        if self.kv_group > 1 and heads % self.kv_group:
+            return f"d_model={d_model} has {heads} heads, not a multiple of the group size {self.kv_group}"
+        if self.kv_group > 1 and heads // self.kv_group < self.min_kv_heads:
+            return (f"d_model={d_model} has {heads} heads: {heads // self.kv_group} key/value heads in groups of "
+                    f"{self.kv_group}, fewer than min_kv_heads={self.min_kv_heads}")
+        return None
 
     def deviation(self, arch: ArchConfig) -> float:
         """Signed relative distance of the exact parameter count from the budget."""
@@ -64,14 +89,15 @@ class BudgetMatcher:
 
     def width(self, layers: int, k: int, ratio: float) -> float:
         """The continuous d_model at which d_h = ratio * d_model meets the budget (module docstring)."""
-        a = layers * (4 + 3 * k * ratio)
+        a = layers * (2 + 2 / self.kv_group + 3 * k * ratio)
         b = (1 if self.tie_embeddings else 2) * self.vocab_size + layers * (1 + k) + 1
         return (-b + math.sqrt(b * b + 4 * a * self.budget)) / (2 * a)
 
     def solve(self, k: int, layers: int, ratio: float, ratio_tolerance: float) -> ArchConfig | str:
         """The member for one grid point, or the reason there is none."""
-        hd = self.head_dim
-        low = max(hd, math.floor(self.width(layers, k, ratio * (1 + ratio_tolerance)) / hd) * hd)
+        hd = self.width_step
+        smallest = hd * (self.min_kv_heads if self.kv_group > 1 else 1)
+        low = max(smallest, math.floor(self.width(layers, k, ratio * (1 + ratio_tolerance)) / hd) * hd)
         high = math.ceil(self.width(layers, k, ratio * (1 - ratio_tolerance)) / hd) * hd
         best: tuple[tuple[float, float], ArchConfig] | None = None
         miss: tuple[float, ArchConfig] | None = None
@@ -96,11 +122,14 @@ class BudgetMatcher:
             return (f"budget steps of {step:,} parameters are too coarse: the closest, d_model={d} d_h={d_h}, is "
                     f"{self.deviation(miss[1]):+.3%} off the budget (tolerance ±{self.tolerance:.3%}; raise "
                     "--tolerance)")
-        return (f"no d_model that is a multiple of head_dim={hd} gives d_h/d_model within ±{ratio_tolerance:.0%} "
+        multiple = f"head_dim={hd}" if self.kv_group == 1 else f"{hd} (head_dim x group size {self.kv_group})"
+        return (f"no d_model that is a multiple of {multiple} gives d_h/d_model within ±{ratio_tolerance:.0%} "
                 f"of {ratio:g} at this budget (continuous solution d_model≈{self.width(layers, k, ratio):.0f})")
 
     def solve_fixed(self, layers: int, d_model: int, k: int) -> ArchConfig | str:
         """Fixed attention: this ``L`` and ``d_model``, ``d_h`` (and ``wider``) from the budget; or the reason."""
+        if reason := self.width_error(d_model):
+            return reason
         ffn = self.best_ffn(layers, d_model, k)
         if ffn is None:
             return f"attention and embeddings alone exceed the budget {self.budget:,}"
@@ -110,3 +139,20 @@ class BudgetMatcher:
             return (f"d_h={d_h} is {self.deviation(arch):+.3%} off the budget (tolerance ±{self.tolerance:.3%}; "
                     "raise --tolerance)")
         return arch
+
+
+def rebalance_ffn(arch: ArchConfig, budget: int, hidden_multiple: int = 1) -> ArchConfig:
+    """``arch`` with the FFN hidden size (and ``wider``) whose exact count is closest to ``budget``: the parameters
+    its grouped key/value heads save go to its ``L K`` sub-MLPs, width and depth unchanged (steps of ``3 d``, or
+    of ``3 L K d hidden_multiple`` with aligned widths). A shape whose count is the budget already is returned."""
+    total = arch.n_params()["total"]
+    if total == budget:
+        return arch
+    d, sub_mlps = arch.d_model, arch.n_layers * arch.ffn.k
+    units = sub_mlps * arch.ffn.hidden + arch.ffn.wider + (budget - total) // (3 * d)  # floor, then the closer one
+    units += (budget - total) % (3 * d) * 2 > 3 * d
+    if hidden_multiple > 1:
+        hidden = max(1, round(units / sub_mlps / hidden_multiple)) * hidden_multiple
+        return arch.replace(ffn=FFNShape(arch.ffn.k, hidden, 0))
+    hidden, wider = divmod(units, sub_mlps)
+    return arch.replace(ffn=FFNShape(arch.ffn.k, max(1, hidden), wider if hidden >= 1 else 0))

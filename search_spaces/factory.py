@@ -12,8 +12,10 @@ from dataclasses import dataclass, fields
 from nas.arch import ArchConfig, FFNShape, llama_ffn_hidden, uniform
 from nas.errors import UsageError
 from search_spaces.base import SearchSpace, check_heads
+from search_spaces.grouped import KVScheduleSpace, UniformGroupPrismSpace
 from search_spaces.hourglass import HourglassSpace
 from search_spaces.joint import JointSpace
+from search_spaces.kv import KVRule
 from search_spaces.prism import PrismSpace
 
 # The CPU proxy's shape: GPT-2 small's depth and head count (12 x 12) at an eighth of its width (head counts 1, 2,
@@ -24,6 +26,7 @@ SPACES = ("prism", "hourglass", "joint")
 PRISM_ONLY = ("min_plateau", "max_plateau", "min_baseline", "hw_aligned", "min_head_dim", "max_head_dim")
 HOURGLASS_ONLY = ("budget", "k_values", "layer_values", "ratio_values", "head_dim", "tolerance",
                   "ratio_tolerance", "fix", "hidden_multiple")
+KV_OPTIONS = ("kv_groups", "kv_schedule", "min_kv_heads", "kv_min_plateau", "kv_max_plateau")  # every space
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,12 @@ class SpaceOptions:
     ratio_tolerance: float | None = None  # 0.15: achieved d_h/d_model within ±15% of the grid value
     fix: str | None = None  # "attention": keep the baseline's d_model and L
     hidden_multiple: int | None = None  # d_h a multiple of this (64 for GPU presets); None: exact budgets
+    # grouped-query attention (every space; search_spaces.kv): None and None is the space without it
+    kv_groups: tuple[int, ...] | None = None  # group sizes h_l / kv_l besides 1; alone: one per member, every layer
+    kv_schedule: bool | None = None  # a non-decreasing group size per layer (default groups: divisors of h_base)
+    min_kv_heads: int | None = None  # 1: a grouped layer keeps at least this many key/value heads
+    kv_min_plateau: int | None = None  # 2: the shortest plateau of one group size
+    kv_max_plateau: int | None = None  # 4: the longest, the deepest plateau excepted
 
 
 def _given(opts: SpaceOptions, names: tuple[str, ...]) -> list[str]:
@@ -88,16 +97,43 @@ def build_space(opts: SpaceOptions, defaults: ArchConfig | None = None) -> Searc
     ffn = base.ffn if d_model == base.d_model else FFNShape(1, llama_ffn_hidden(d_model))
     if opts.ffn_hidden is not None:
         ffn = FFNShape(ffn.k, opts.ffn_hidden)
+    rule = kv_rule(opts, heads)
     prism_kwargs = _kwargs(opts, PRISM_ONLY)
     if opts.space == "prism":
-        return PrismSpace(layers, d_model, heads, vocab_size=vocab, tie_embeddings=tie, ffn=ffn, **prism_kwargs)
+        prism = PrismSpace(layers, d_model, heads, vocab_size=vocab, tie_embeddings=tie, ffn=ffn, **prism_kwargs)
+        if rule is None:
+            return prism
+        return KVScheduleSpace(prism, rule) if rule.schedule else UniformGroupPrismSpace(prism, rule)
     if ffn.k != 1:
         raise UsageError(f"the hourglass baseline needs a conventional FFN (K=1), not K={ffn.k}")
+    grid = {"kv_groups": rule.groups, "min_kv_heads": rule.min_kv_heads} if rule and not rule.schedule else {}
     hourglass = HourglassSpace(layers, d_model, heads, vocab_size=vocab, tie_embeddings=tie, ffn_hidden=ffn.hidden,
-                               **_kwargs(opts, HOURGLASS_ONLY))
-    if opts.space == "hourglass":
-        return hourglass
-    return JointSpace(hourglass, **prism_kwargs)
+                               **_kwargs(opts, HOURGLASS_ONLY), **grid)
+    space: HourglassSpace | JointSpace = hourglass if opts.space == "hourglass" else JointSpace(hourglass,
+                                                                                              **prism_kwargs)
+    if rule is not None and rule.schedule:
+        return KVScheduleSpace(space, rule, hourglass.hidden_multiple)
+    return space
+
+
+def kv_rule(opts: SpaceOptions, h_base: int) -> KVRule | None:
+    """The grouped-query rule the options give (``search_spaces.kv``), None without GQA options; one-line errors for
+    options that need another, group sizes the baseline's ``h_base`` heads cannot take."""
+    if opts.kv_groups is None and not opts.kv_schedule:
+        stray = _given(opts, KV_OPTIONS)
+        if stray:
+            raise UsageError(f"{', '.join(stray)} appl{'ies' if len(stray) == 1 else 'y'} with --kv-groups or "
+                             "--kv-schedule")
+        return None
+    if not opts.kv_schedule and (stray := _given(opts, ("kv_min_plateau", "kv_max_plateau"))):
+        raise UsageError(f"{', '.join(stray)} appl{'ies' if len(stray) == 1 else 'y'} with --kv-schedule")
+    rule = KVRule.build(h_base, opts.kv_groups, bool(opts.kv_schedule), opts.min_kv_heads, opts.kv_min_plateau,
+                        opts.kv_max_plateau)
+    if rule.groups == (1,):
+        raise UsageError("group size 1 alone is multi-head attention, the space without --kv-groups: give group "
+                         f"sizes above 1 that divide the baseline's {h_base} heads"
+                         if h_base > 1 else "the baseline has 1 head: no key/value heads to share")
+    return rule
 
 
 OPTION_NAMES = tuple(f.name for f in fields(SpaceOptions))

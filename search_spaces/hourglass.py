@@ -11,6 +11,11 @@ is then constant, so ``d_h/d_model`` is an outcome, not an input).
 The baseline is the conventional ``K = 1`` FFN (``d_h = ffn_hidden``, LLaMA's ~8/3 d_model) of the
 reference shape; with a different budget, the solver picks the width at the reference's ``L``
 whose ``d_h / d_model`` is closest to the reference's.
+
+Grouped-query attention (``kv_groups``, ``search_spaces.kv``): the group size ``g`` is one more grid axis;
+at ``g > 1`` every layer keeps ``h / g`` key/value heads and the solver spends the parameters the smaller
+W_K and W_V save on the point's width, depth or FFN (``search_spaces.budget``), within the same tolerance;
+with fixed attention, on ``d_h``. ``g = 1`` is the grid without GQA.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from nas.arch import (
     MAX_WIDTH,
     ArchConfig,
     FFNShape,
+    format_plateaus,
     llama_ffn_hidden,
     uniform,
 )
@@ -56,10 +62,12 @@ class GridPoint:
     k: int
     layers: int
     ratio: float | None
+    kv_group: int = 1  # query heads per key/value head (grouped-query attention); 1: multi-head
 
     def __str__(self) -> str:
         ratio = "" if self.ratio is None else f" d_h/d_model={self.ratio:g}"
-        return f"K={self.k} L={self.layers}{ratio}"
+        group = f" group size {self.kv_group}" if self.kv_group > 1 else ""
+        return f"K={self.k} L={self.layers}{ratio}{group}"
 
 
 @dataclass(frozen=True)
@@ -109,6 +117,8 @@ class HourglassSpace(SearchSpace):
         ratio_tolerance: float = 0.15,  # |achieved d_h/d_model / target - 1| allowed (widths step by head_dim)
         fix: str | None = None,  # "attention": keep the baseline's d_model and L
         hidden_multiple: int = 1,  # d_h a multiple of this (64 for GPU presets) and no wider sub-MLPs; 1: exact
+        kv_groups: Sequence[int] = (1,),  # group sizes of grouped-query attention on the grid (1 always among them)
+        min_kv_heads: int = 1,  # a grouped member keeps at least this many key/value heads per layer
     ) -> None:
         for name, value, maximum in (("layers", layers, MAX_LAYERS), ("d_model", d_model, MAX_WIDTH),
                                      ("vocab_size", vocab_size, MAX_VOCAB)):
@@ -151,7 +161,16 @@ class HourglassSpace(SearchSpace):
         self.budget = self.reference.n_params()["total"] if budget is None else budget
         check_positive("budget", self.budget, "a parameter budget is a positive integer such as 113M",
                        maximum=MAX_PARAMS)
-        self.matcher = BudgetMatcher(self.budget, vocab_size, self.tie_embeddings, head_dim, tolerance, hidden_multiple)
+        self.kv_groups: tuple[int, ...] = _sorted_unique((1, *kv_groups))
+        for g in self.kv_groups:
+            check_positive("kv_group", g, "a group size is a positive integer", maximum=MAX_WIDTH)
+        check_positive("min_kv_heads", min_kv_heads)
+        self.min_kv_heads = min_kv_heads
+        self.matchers = {g: BudgetMatcher(self.budget, vocab_size, self.tie_embeddings, head_dim, tolerance,
+                                          hidden_multiple, g, min_kv_heads) for g in self.kv_groups}
+        self.matcher = self.matchers[1]
+        if self.grouped:  # listings show each member's group size and KV cache
+            self.table_columns = (*self.table_columns, "kv_group", "kv_cache_bytes_per_token")
         self._baseline = self._solve_baseline()
         if fix:
             self.layer_values: tuple[int, ...] = (self._baseline.n_layers,)
@@ -159,7 +178,8 @@ class HourglassSpace(SearchSpace):
             self.layer_values = _sorted_unique(layer_values)
             for value in self.layer_values:
                 check_positive("layers", value, "grid layer counts are integers >= 1", maximum=MAX_LAYERS)
-        points = len(self.k_values) * len(self.layer_values) * (1 if fix else len(self.ratio_values))
+        points = len(self.k_values) * len(self.layer_values) * (1 if fix else len(self.ratio_values)) * \
+            len(self.kv_groups)
         if points > MAX_GRID_POINTS:
             raise UsageError(f"the grid has {points:,} points (K x L x d_h/d_model values): at most "
                              f"{MAX_GRID_POINTS:,}; give fewer --k-values, --layer-values or --ratio-values")
@@ -169,12 +189,18 @@ class HourglassSpace(SearchSpace):
         """Signed relative distance of the exact parameter count from the budget."""
         return self.matcher.deviation(arch)
 
-    def solve(self, k: int, layers: int, ratio: float | None) -> ArchConfig | str:
+    @property
+    def grouped(self) -> bool:
+        """Whether the grid has grouped-query attention (a group size besides 1)."""
+        return len(self.kv_groups) > 1
+
+    def solve(self, k: int, layers: int, ratio: float | None, kv_group: int = 1) -> ArchConfig | str:
         """The budget-matched shape of one grid point, or the reason there is none (``ratio`` None: fixed attention,
         the baseline's d_model and L with d_h from the budget)."""
+        matcher = self.matchers[kv_group]
         if ratio is None:
-            return self.matcher.solve_fixed(self._baseline.n_layers, self._baseline.d_model, k)
-        return self.matcher.solve(k, layers, ratio, self.ratio_tolerance)
+            return matcher.solve_fixed(self._baseline.n_layers, self._baseline.d_model, k)
+        return matcher.solve(k, layers, ratio, self.ratio_tolerance)
 
     def _solve_baseline(self) -> ArchConfig:
         ref = self.reference
@@ -191,7 +217,7 @@ class HourglassSpace(SearchSpace):
         members: dict[str, tuple[ArchConfig, GridPoint | None]] = {self._baseline.key(): (self._baseline, None)}
         solution = _Solution(members, {}, [])
         for point in self.grid():
-            solved = self.solve(point.k, point.layers, point.ratio)
+            solved = self.solve(point.k, point.layers, point.ratio, point.kv_group)
             if isinstance(solved, str):
                 solution.unmatched.append(Unmatched(point, solved))
                 continue
@@ -202,18 +228,23 @@ class HourglassSpace(SearchSpace):
             else:
                 members[solved.key()] = (solved, point)
             solution.by_point[point] = solved
+        if self.grouped and not any(point.kv_group > 1 for point in solution.by_point):
+            misses = [miss for miss in solution.unmatched if miss.point.kv_group > 1]
+            raise UsageError(f"no grid point with grouped key/value heads matches the budget {self.budget:,}"
+                             + (f" ({misses[0].point}: {misses[0].reason})" if misses else "")
+                             + "; give another --budget, --kv-groups or --tolerance")
         return solution
 
     # ----------------------------------------------------------------- the SearchSpace API
     def grid(self) -> Iterator[GridPoint]:
-        """The grid points in order: K, then L, then d_h/d_model (ascending)."""
+        """The grid points in order: K, then L, then d_h/d_model, then the group size (ascending)."""
         for k in self.k_values:
             if self.fix:
-                yield GridPoint(k, self._baseline.n_layers, None)
+                yield from (GridPoint(k, self._baseline.n_layers, None, g) for g in self.kv_groups)
                 continue
             for layers in self.layer_values:
                 for ratio in self.ratio_values:
-                    yield GridPoint(k, layers, ratio)
+                    yield from (GridPoint(k, layers, ratio, g) for g in self.kv_groups)
 
     def baseline(self) -> ArchConfig:
         return self._baseline
@@ -246,6 +277,9 @@ class HourglassSpace(SearchSpace):
         elif set(arch.heads) != {arch.d_model // self.head_dim}:
             reasons.append(f"hourglass members have d_model/head_dim = {arch.d_model // self.head_dim} heads "
                            "in every layer")
+        if len(set(arch.kv_groups())) > 1 or arch.kv_groups()[0] not in self.kv_groups:
+            reasons.append(f"key/value heads {format_plateaus(arch.kv_per_layer())}: members share each among "
+                           f"one group size of {','.join(map(str, self.kv_groups))} in every layer")
         if abs(self.deviation(arch)) > self.tolerance:
             reasons.append(f"{arch.n_params()['total']:,} parameters is {self.deviation(arch):+.3%} off the budget "
                            f"{self.budget:,} (tolerance ±{self.tolerance:.3%})")
@@ -267,9 +301,10 @@ class HourglassSpace(SearchSpace):
         if not matched:
             return self._baseline
 
-        def distance(p: GridPoint) -> tuple[int, int, int]:
-            ratios = self.ratio_values
-            return (abs(self.k_values.index(p.k) - self.k_values.index(point.k)),
+        def distance(p: GridPoint) -> tuple[int, int, int, int]:
+            ratios, groups = self.ratio_values, self.kv_groups
+            return (abs(groups.index(p.kv_group) - groups.index(point.kv_group)),
+                    abs(self.k_values.index(p.k) - self.k_values.index(point.k)),
                     abs(self.layer_values.index(p.layers) - self.layer_values.index(point.layers)),
                     0 if p.ratio is None else abs(ratios.index(p.ratio) - ratios.index(point.ratio)))
 
@@ -278,16 +313,20 @@ class HourglassSpace(SearchSpace):
     def suggest(self, trial: BaseTrial) -> ArchConfig:
         """Parameters: ``ffn_draw`` in ``[0, count())``, 0 standing for the conventional baseline (one member
         among ``count()``, not one draw in two); for the others ``k`` (categorical over k_values) and,
-        unless attention is fixed, ``layers`` and ``d_h_over_d_model`` (categoricals over the grid). An
-        unmatched point is replaced by the nearest matched one."""
+        unless attention is fixed, ``layers`` and ``d_h_over_d_model`` (categoricals over the grid), and with
+        grouped-query attention ``kv_group`` (a categorical over the group sizes). An unmatched point is
+        replaced by the nearest matched one (the same group size first)."""
         if trial.suggest_int("ffn_draw", 0, max(0, self.count() - 1)) == 0:
             return self._baseline
         k = trial.suggest_categorical("k", self.k_values)
         if self.fix:
-            return self.member_at(GridPoint(k, self._baseline.n_layers, None))
+            return self.member_at(GridPoint(k, self._baseline.n_layers, None, self._suggest_group(trial)))
         layers = trial.suggest_categorical("layers", self.layer_values)
         ratio = trial.suggest_categorical("d_h_over_d_model", self.ratio_values)
-        return self.member_at(GridPoint(layers=layers, k=k, ratio=ratio))
+        return self.member_at(GridPoint(layers=layers, k=k, ratio=ratio, kv_group=self._suggest_group(trial)))
+
+    def _suggest_group(self, trial: BaseTrial) -> int:
+        return trial.suggest_categorical("kv_group", self.kv_groups) if self.grouped else 1
 
     def params_of(self, arch: ArchConfig) -> dict[str, Any]:
         self._require_member(arch)
@@ -297,6 +336,8 @@ class HourglassSpace(SearchSpace):
         params: dict[str, Any] = {"ffn_draw": 1, "k": point.k}
         if not self.fix:
             params.update(layers=point.layers, d_h_over_d_model=point.ratio)
+        if self.grouped:
+            params["kv_group"] = point.kv_group
         return params
 
     def describe(self) -> dict[str, Any]:
@@ -308,6 +349,8 @@ class HourglassSpace(SearchSpace):
             "tolerance": self.tolerance, "ratio_tolerance": self.ratio_tolerance, "fix": self.fix,
             "solver": "exact" if self.hidden_multiple == 1 else f"d_h multiple of {self.hidden_multiple}",
             "parametrization": 2,  # 2: the baseline one draw in count() (1: a categorical, one draw in two)
+            # grouped-query attention only when asked: the description is part of a study's identity
+            **({"kv_groups": list(self.kv_groups), "min_kv_heads": self.min_kv_heads} if self.grouped else {}),
         }
 
     def row(self, arch: ArchConfig) -> dict[str, Any]:
@@ -322,5 +365,7 @@ class HourglassSpace(SearchSpace):
             "budget": self.budget, "budget_deviation": self.deviation(arch),
             "d_model_per_layer": arch.d_model / arch.n_layers, "d_h_over_d_model": arch.ffn.hidden / arch.d_model,
             "grid_ratio": None if point is None else point.ratio,
+            **({"kv_group": arch.kv_groups()[0], "kv_heads": arch.kv_per_layer()[0],
+                "kv_cache_bytes_per_token": arch.kv_cache_bytes_per_token()} if self.grouped else {}),
             "key": arch.key(),
         }

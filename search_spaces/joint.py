@@ -4,7 +4,9 @@ A member is an hourglass member (``search_spaces.hourglass``) whose uniform head
 ``h_base = d_model / head_dim`` are replaced by any valid Prism schedule for its own
 ``(L, d_model, h_base)`` (``search_spaces.prism``). The schedule changes neither the parameter
 count nor the FLOPs (W_Q, W_K, W_V, W_O stay d_model x d_model), so every member keeps the
-hourglass member's budget match. Count = sum over hourglass members of their Prism counts.
+hourglass member's budget match. Count = sum over hourglass members of their Prism counts. With
+grouped-query attention on the hourglass grid (``kv_groups``) a member of group size ``g`` takes the Prism
+schedules whose head counts ``g`` divides (W_K, W_V stay ``d / g x d`` whatever the schedule).
 
 Sampling keeps every parameter's range fixed within a study although L and d_model vary:
 the hourglass parameters come first, then the schedule parameters of ``PrismSpace.suggest_schedule``
@@ -20,6 +22,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from nas.arch import ArchConfig
+from nas.errors import UsageError
 from search_spaces.base import SearchSpace
 from search_spaces.hourglass import HourglassSpace
 from search_spaces.prism import PrismSpace
@@ -50,6 +53,8 @@ class JointSpace(SearchSpace):
                                   "hw_aligned": hw_aligned, "min_head_dim": min_head_dim,
                                   "max_head_dim": max_head_dim}
         _ = self._prisms  # build every width now, so bad Prism options fail at construction
+        if hourglass.grouped:
+            self.table_columns = (*self.table_columns, "kv_group", "kv_cache_bytes_per_token")
 
     @cached_property
     def _prisms(self) -> dict[str, PrismSpace]:
@@ -62,7 +67,8 @@ class JointSpace(SearchSpace):
 
     def _prism_for(self, arch: ArchConfig) -> PrismSpace:
         return PrismSpace(arch.n_layers, arch.d_model, arch.heads[0], vocab_size=arch.vocab_size,
-                          tie_embeddings=arch.tie_embeddings, ffn=arch.ffn, **self.prism_options)
+                          tie_embeddings=arch.tie_embeddings, ffn=arch.ffn, **self.prism_options,
+                          kv_group=arch.kv_groups()[0], min_kv_heads=self.hourglass.min_kv_heads)
 
     @cached_property
     def _caps(self) -> tuple[int, int, int]:
@@ -75,7 +81,10 @@ class JointSpace(SearchSpace):
         """The hourglass member under a schedule: the same shape with uniform heads."""
         if arch.d_model % self.hourglass.head_dim:
             return None
-        return arch.replace(heads=[arch.d_model // self.hourglass.head_dim] * arch.n_layers)
+        try:  # group sizes kept: h_base / g key/value heads
+            return arch.replace(heads=[arch.d_model // self.hourglass.head_dim] * arch.n_layers)
+        except UsageError:  # a group size that does not divide h_base: no member's
+            return None
 
     # ----------------------------------------------------------------- the SearchSpace API
     def baseline(self) -> ArchConfig:
@@ -91,7 +100,8 @@ class JointSpace(SearchSpace):
     def validate(self, arch: ArchConfig) -> list[str]:
         shape = self._uniform(arch)
         if shape is None:
-            return [f"d_model={arch.d_model} is not a multiple of head_dim={self.hourglass.head_dim}"]
+            return [f"d_model={arch.d_model} is not a multiple of head_dim={self.hourglass.head_dim}, or its group "
+                    f"sizes {','.join(map(str, arch.kv_groups()))} do not divide its d_model/head_dim heads"]
         reasons = self.hourglass.validate(shape)
         if reasons:
             return [f"FFN shape: {r}" for r in reasons]

@@ -14,6 +14,10 @@ Exact validity rule (ours), defaults in brackets:
 - every other plateau has ``min_plateau..max_plateau`` [2..4] layers; head counts strictly
   increase from plateau to plateau.
 
+With ``kv_group = g > 1`` (grouped-query attention in every layer, ``search_spaces.kv``) a member's
+layers keep ``h_l / g`` key/value heads, so the allowed head counts are also multiples of ``g`` that
+leave at least ``min_kv_heads`` key/value heads; ``h_base`` must be one.
+
 Counting without enumerating: a schedule is a prefix of ``P <= L - min_baseline`` layers cut
 into ``j`` plateaus of allowed length, carrying ``j`` strictly increasing head counts out of
 the ``m`` candidates below ``h_base``, followed by the baseline plateau, so
@@ -94,6 +98,8 @@ class PrismSpace(SearchSpace):
         vocab_size: int = 256,  # byte-level data
         tie_embeddings: bool = True,
         ffn: FFNShape | None = None,  # None: the conventional LLaMA FFN of this d_model
+        kv_group: int = 1,  # query heads per key/value head in every layer (1: multi-head attention)
+        min_kv_heads: int = 1,  # with kv_group > 1: the fewest key/value heads a layer keeps
     ) -> None:
         check_positive("layers", layers, maximum=MAX_LAYERS)
         check_positive("d_model", d_model, maximum=MAX_WIDTH)
@@ -110,6 +116,12 @@ class PrismSpace(SearchSpace):
         if max_head_dim is not None:
             check_positive("max_head_dim", max_head_dim)
         check_positive("vocab_size", vocab_size, maximum=MAX_VOCAB)
+        check_positive("kv_group", kv_group, "the group size is a positive integer")
+        check_positive("min_kv_heads", min_kv_heads)
+        if kv_group > 1 and (heads % kv_group or heads // kv_group < min_kv_heads):
+            raise UsageError(f"group size {kv_group} does not split the baseline's {heads} heads into at least "
+                             f"min_kv_heads={min_kv_heads} key/value heads")
+        self.kv_group, self.min_kv_heads = kv_group, min_kv_heads
         self.layers, self.d_model, self.h_base = layers, d_model, heads
         self.min_plateau, self.max_plateau, self.min_baseline = min_plateau, max_plateau, min_baseline
         self.hw_aligned, self.min_head_dim, self.max_head_dim = bool(hw_aligned), min_head_dim, max_head_dim
@@ -121,7 +133,21 @@ class PrismSpace(SearchSpace):
         self.prefix_max = layers - min_baseline  # layers available before the baseline plateau
         self.max_plateaus = min(len(self.candidates), self.prefix_max // min_plateau)
 
+    def with_kv_group(self, kv_group: int, min_kv_heads: int = 1, ffn: FFNShape | None = None) -> PrismSpace:
+        """This space with ``kv_group`` query heads per key/value head in every layer (and ``ffn``, e.g. the FFN
+        that takes the parameters the smaller key/value projections save)."""
+        return PrismSpace(self.layers, self.d_model, self.h_base, min_plateau=self.min_plateau,
+                          max_plateau=self.max_plateau, min_baseline=self.min_baseline, hw_aligned=self.hw_aligned,
+                          min_head_dim=self.min_head_dim, max_head_dim=self.max_head_dim,
+                          vocab_size=self.vocab_size, tie_embeddings=self.tie_embeddings, ffn=ffn or self.ffn,
+                          kv_group=kv_group, min_kv_heads=min_kv_heads)
+
     def _head_dim_reason(self, h: int) -> str | None:
+        if self.kv_group > 1 and h % self.kv_group:
+            return f"{h} heads is not a multiple of the group size {self.kv_group}"
+        if self.kv_group > 1 and h // self.kv_group < self.min_kv_heads:
+            return (f"{h} heads in groups of {self.kv_group} keep {h // self.kv_group} key/value heads, fewer than "
+                    f"min_kv_heads={self.min_kv_heads}")
         head_dim = self.d_model // h
         if self.hw_aligned and not _is_power_of_two(head_dim):
             return f"{h} heads gives head dim {head_dim}, not a power of two (hw_aligned)"
@@ -137,6 +163,7 @@ class PrismSpace(SearchSpace):
         return ArchConfig(
             n_layers=self.layers, d_model=self.d_model, heads=tuple(heads), ffn=self.ffn,
             vocab_size=self.vocab_size, tie_embeddings=self.tie_embeddings,
+            kv_heads=tuple(h // self.kv_group for h in heads) if self.kv_group > 1 else (),
         )
 
     def baseline(self) -> ArchConfig:
@@ -232,6 +259,10 @@ class PrismSpace(SearchSpace):
             for field in ("d_model", "ffn", "vocab_size", "tie_embeddings", "rope_theta", "norm_eps")
             if getattr(arch, field) != getattr(template, field)
         ]
+        if set(arch.kv_groups()) != {self.kv_group}:
+            reasons.append(f"key/value heads {format_plateaus(arch.kv_per_layer())} but the space has "
+                           + ("one per head (multi-head attention)" if self.kv_group == 1 else
+                              f"one per {self.kv_group} heads in every layer"))
         return reasons + self.validate_schedule(arch.heads)
 
     # ----------------------------------------------------------------- sampling
@@ -309,6 +340,7 @@ class PrismSpace(SearchSpace):
             "min_plateau": self.min_plateau, "max_plateau": self.max_plateau, "min_baseline": self.min_baseline,
             "hw_aligned": self.hw_aligned, "min_head_dim": self.min_head_dim,
             **({"max_head_dim": self.max_head_dim} if self.max_head_dim is not None else {}),
+            **({"kv_group": self.kv_group, "min_kv_heads": self.min_kv_heads} if self.kv_group > 1 else {}),
             "vocab_size": self.vocab_size, "tie_embeddings": self.tie_embeddings,
             "ffn": {"k": self.ffn.k, "hidden": self.ffn.hidden}, "candidates": list(self.candidates),
             "parametrization": PARAMETRIZATION,

@@ -21,8 +21,10 @@ from nas.errors import UsageError
 from nas.units import parse_size
 from search_spaces.base import SearchSpace
 from search_spaces.factory import OPTION_NAMES, SpaceOptions, build_space
+from search_spaces.grouped import KVScheduleSpace, UniformGroupPrismSpace
 from search_spaces.hourglass import HourglassSpace
 from search_spaces.joint import JointSpace
+from search_spaces.kv import parse_kv_schedule
 from search_spaces.prism import PrismSpace, parse_schedule
 
 space_app = typer.Typer(help="Count, list and check the members of a search space.", no_args_is_help=True)
@@ -80,6 +82,22 @@ HiddenMultipleOpt = Annotated[int | None, typer.Option("--hidden-multiple", help
                                                         "budgets; raise --tolerance); default exact budgets.",
                                                         show_default=False)]
 
+_KV = "Grouped-query attention (any space)"
+KVGroupsOpt = Annotated[str | None, typer.Option("--kv-groups", help=f"{_KV}: group sizes (query heads per key/value "
+                                                 "head, dividing h_base), comma-separated; 1, multi-head, is always "
+                                                 "one. Alone: one group size per member, in every layer; the saved "
+                                                 "K/V parameters go to the FFN (prism), or to width, depth or the "
+                                                 "FFN (hourglass, joint grids).", show_default=False)]
+KVScheduleOpt = Annotated[bool, typer.Option("--kv-schedule", help=f"{_KV}: a group size per layer, non-decreasing "
+                                             "with depth, in plateaus (default groups: every divisor of h_base); the "
+                                             "saved parameters go to the FFN hidden size.")]
+MinKVHeadsOpt = Annotated[int | None, typer.Option("--min-kv-heads", help=f"{_KV}: fewest key/value heads a grouped "
+                                                   "layer keeps (default 1: multi-query allowed).", show_default=False)]
+KVMinPlateauOpt = Annotated[int | None, typer.Option("--kv-min-plateau", help=f"{_KV}: --kv-schedule's shortest "
+                                                     "plateau of one group size (default 2).", show_default=False)]
+KVMaxPlateauOpt = Annotated[int | None, typer.Option("--kv-max-plateau", help=f"{_KV}: --kv-schedule's longest "
+                                                     "plateau, the deepest excepted (default 4).", show_default=False)]
+
 # name -> (annotation, default): the signature ``with_space_options`` adds to a command
 SPACE_PARAMETERS: dict[str, tuple[Any, Any]] = {
     "space": (SpaceOpt, Space.prism), "layers": (LayersOpt, None), "d_model": (DModelOpt, None),
@@ -90,6 +108,8 @@ SPACE_PARAMETERS: dict[str, tuple[Any, Any]] = {
     "budget": (BudgetOpt, None), "k_values": (KValuesOpt, None), "layer_values": (LayerValuesOpt, None),
     "ratio_values": (RatioValuesOpt, None), "head_dim": (HeadDimOpt, None), "tolerance": (ToleranceOpt, None),
     "ratio_tolerance": (RatioToleranceOpt, None), "fix": (FixOpt, None), "hidden_multiple": (HiddenMultipleOpt, None),
+    "kv_groups": (KVGroupsOpt, None), "kv_schedule": (KVScheduleOpt, False), "min_kv_heads": (MinKVHeadsOpt, None),
+    "kv_min_plateau": (KVMinPlateauOpt, None), "kv_max_plateau": (KVMaxPlateauOpt, None),
 }
 assert tuple(SPACE_PARAMETERS) == OPTION_NAMES, "every SpaceOptions field needs a CLI option"
 
@@ -129,6 +149,8 @@ def space_options_from_cli(**kwargs: Any) -> SpaceOptions:
     values = {name: plain(kwargs.get(name)) for name in OPTION_NAMES}
     values["space"] = values["space"] or "prism"
     values["hw_aligned"] = values["hw_aligned"] or None
+    values["kv_schedule"] = values["kv_schedule"] or None
+    values["kv_groups"] = _parse_list(values["kv_groups"], "--kv-groups", int)
     if values["budget"] is not None:
         values["budget"] = parse_size(values["budget"], "--budget")
     values["k_values"] = _parse_list(values["k_values"], "--k-values", int)
@@ -158,7 +180,7 @@ def with_space_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 def _report_unmatched(space: SearchSpace, each: bool = True) -> None:
     """On stderr: every hourglass grid point left out and why (or, ``each=False``, how many)."""
-    hourglass = space.hourglass if isinstance(space, JointSpace) else space
+    hourglass = space.hourglass if isinstance(space, (JointSpace, KVScheduleSpace)) else space
     if not isinstance(hourglass, HourglassSpace) or not hourglass.unmatched():
         return
     if not each:
@@ -218,6 +240,10 @@ ScheduleOpt = Annotated[str | None, typer.Option("--schedule", help="Head counts
                                                     show_default=False)]
 ConfigOpt = Annotated[str | None, typer.Option("--config", help="An ArchConfig JSON file (any space).",
                                                   show_default=False)]
+KVOpt = Annotated[str | None, typer.Option("--kv", help="Key/value heads per layer for --schedule or --config, "
+                                           "4,4,2,2,... or 4x6,2x6 (spaces with --kv-groups on prism, or "
+                                           "--kv-schedule); the FFN is the one the space gives them.",
+                                           show_default=False)]
 
 
 @space_app.command("count")
@@ -248,11 +274,14 @@ def list_command(opts: SpaceOptions, format: FormatOpt = ListFormat.table, limit
 
 @space_app.command("show")
 @with_space_options
-def show_command(opts: SpaceOptions, schedule: ScheduleOpt = None, config: ConfigOpt = None) -> None:
+def show_command(opts: SpaceOptions, schedule: ScheduleOpt = None, config: ConfigOpt = None, kv: KVOpt = None) -> None:
     """Check one shape: print its description if it is a member, else every reason it is not (exit 1)."""
     space = build_space(opts)
     if (schedule is None) == (config is None):
         raise UsageError("give exactly one of --schedule 3,3,6,6,12,... or --config arch.json")
+    if kv is not None and not hasattr(space, "with_kv"):
+        raise UsageError("--kv applies to the prism space with --kv-groups and to any space with --kv-schedule; "
+                         "give a grouped shape of this space with --config arch.json")
     if config is not None:
         arch = read_arch_config(config)
     else:
@@ -262,6 +291,8 @@ def show_command(opts: SpaceOptions, schedule: ScheduleOpt = None, config: Confi
         if reasons:
             _print_invalid(reasons)
         arch = prism.member(heads)
+    if kv is not None:
+        arch = space.with_kv(arch, parse_kv_schedule(kv, arch.n_layers))  # type: ignore[attr-defined]
     reasons = space.validate(arch)
     if reasons:
         _print_invalid(reasons)
@@ -272,6 +303,8 @@ def show_command(opts: SpaceOptions, schedule: ScheduleOpt = None, config: Confi
 
 def _prism_of(space: SearchSpace) -> PrismSpace:
     """The Prism space a ``--schedule`` is checked against: the prism space, or the joint space's baseline shape."""
+    if isinstance(space, (UniformGroupPrismSpace, KVScheduleSpace)):
+        space = space.inner_space
     if isinstance(space, PrismSpace):
         return space
     if isinstance(space, JointSpace):

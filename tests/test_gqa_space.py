@@ -1,0 +1,214 @@
+"""Grouped-query attention as a search axis (issue 38): the rule, the spaces, budget matching, options and bad input."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+import warnings
+
+import optuna
+import pytest
+from typer.testing import CliRunner
+
+from nas.arch import uniform
+from nas.cli import app
+from nas.errors import UsageError
+from search_spaces.factory import SpaceOptions, build_space
+from search_spaces.grouped import KVScheduleSpace, UniformGroupPrismSpace
+from search_spaces.hourglass import HourglassSpace
+from search_spaces.joint import JointSpace
+from search_spaces.kv import KVRule, count_over_prism
+from search_spaces.prism import PrismSpace
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def small(space: str, **kv) -> SpaceOptions:
+    """A space small enough to list: 6 layers of width 48, 6 baseline heads (head dim 8)."""
+    grid = {"k_values": (1, 2), "layer_values": (3, 6), "ratio_values": (0.5, 1.0), "tolerance": 0.003} \
+        if space != "prism" else {}
+    return SpaceOptions(space=space, layers=6, d_model=48, heads=6, **grid, **kv)
+
+
+SMALL = [(space, kv) for space in ("prism", "hourglass", "joint")
+         for kv in ({"kv_groups": (2, 3)}, {"kv_schedule": True}, {"kv_schedule": True, "kv_groups": (3,),
+                                                                    "kv_max_plateau": 3, "min_kv_heads": 2})]
+IDS = [f"{space}-{'schedule' if kv.get('kv_schedule') else 'uniform'}{'-options' if len(kv) > 2 else ''}"
+       for space, kv in SMALL]
+
+
+def test_spaces_without_gqa_options_keep_their_members_counts_and_identity():
+    """No GQA option: the same classes, counts and descriptions (a study's identity, its default name) as before."""
+    counts = {"prism": 129, "hourglass": 244, "joint": 29501}
+    for name, count in counts.items():
+        space = build_space(SpaceOptions(space=name))
+        assert type(space) in (PrismSpace, HourglassSpace, JointSpace)
+        assert space.count() == count
+        assert not any("kv" in key for key in space.describe())
+        assert not space.baseline().grouped
+
+
+@pytest.mark.parametrize("space, kv", SMALL, ids=IDS)
+def test_count_equals_enumeration_every_member_is_valid_budget_matched_and_suggest_inverts(space, kv):
+    opts = small(space, **kv)
+    gqa, plain = build_space(opts), build_space(small(space))
+    members = list(gqa)
+    assert len(members) == gqa.count() == len({m.key() for m in members})
+    assert members[0] == gqa.baseline() == plain.baseline()
+    assert {m.key() for m in plain} <= {m.key() for m in members}  # GQA adds members, never removes one
+    grouped = [m for m in members if m.grouped]
+    assert grouped
+    budget = getattr(gqa, "budget", None) or getattr(getattr(gqa, "hourglass", None), "budget", None) or \
+        gqa.baseline().n_params()["total"]
+    for arch in members:
+        assert gqa.validate(arch) == [], arch.label()
+        assert abs(arch.n_params()["total"] - budget) <= 0.003 * budget
+        assert gqa.suggest(optuna.trial.FixedTrial(gqa.params_of(arch))) == arch
+        groups = arch.kv_groups()
+        assert list(groups) == sorted(groups)  # group sizes never decrease with depth
+        if not kv.get("kv_schedule"):
+            assert len(set(groups)) == 1
+        if "min_kv_heads" in kv:
+            assert all(n >= 2 for n, g in zip(arch.kv_per_layer(), groups) if g > 1)
+    rows = [gqa.row(m) for m in members[:20]] + [gqa.row(grouped[0])]
+    assert all(row["key"] == m.key() for row, m in zip(rows, [*members[:20], grouped[0]]))
+    assert all(set(gqa.table_columns) <= set(row) for row in rows)
+    assert rows[-1]["kv_cache_bytes_per_token"] == grouped[0].kv_cache_bytes_per_token()
+    assert "kv_groups" in gqa.describe()
+
+
+def test_saved_parameters_go_to_the_ffn_in_prism_and_to_width_depth_or_ffn_on_the_hourglass_grid():
+    prism = build_space(SpaceOptions(space="prism", kv_groups=(2, 3, 4, 6, 12)))
+    base = prism.baseline()
+    worst = 0.0
+    for arch in prism:  # the cpu proxy: every member within 0.01 % of the baseline's 1,354,080 parameters
+        worst = max(worst, abs(arch.n_params()["total"] / base.n_params()["total"] - 1))
+        if arch.grouped:
+            assert arch.ffn.hidden > base.ffn.hidden and (arch.d_model, arch.n_layers) == (96, 12)
+    assert worst <= 1e-4
+    grid = build_space(SpaceOptions(space="hourglass", kv_groups=(2, 4)))
+    assert isinstance(grid, HourglassSpace) and grid.count() > 244
+    for arch in grid:
+        g = arch.kv_groups()[0]
+        assert arch.d_model % (8 * g) == 0  # head dim 8, the head count a multiple of g
+        assert arch.n_params()["attention"] == arch.n_layers * 2 * arch.d_model ** 2 * (g + 1) // g
+    points = [grid.point_of(a) for a in grid if a.grouped]
+    assert {p.kv_group for p in points} == {2, 4}
+    assert len({(a.d_model, a.n_layers) for a in grid if a.grouped} - {(a.d_model, a.n_layers) for a in grid
+                                                                      if not a.grouped}) > 0  # new widths
+    fixed = build_space(SpaceOptions(space="hourglass", fix="attention", kv_groups=(2, 12)))
+    by_k = {}
+    for arch in fixed:
+        assert (arch.d_model, arch.n_layers) == (96, 12)
+        by_k.setdefault(arch.ffn.k, {})[arch.kv_groups()[0]] = arch.ffn.hidden
+    assert all(hidden[1] < hidden[2] < hidden[12] for hidden in by_k.values())  # fixed attention: the FFN takes it
+
+
+def test_counting_over_prism_schedules_equals_the_sum_over_each_schedule():
+    """The programme over (Prism state, group state) pairs equals counting each schedule's group schedules."""
+    for layers, heads, options, rule_options in [
+        (8, 12, {}, {}),
+        (9, 12, {"min_plateau": 1, "max_plateau": 3, "min_baseline": 3}, {"min_plateau": 1, "max_plateau": 2}),
+        (7, 8, {"hw_aligned": True}, {"min_plateau": 3, "max_plateau": 3, "min_kv_heads": 2}),
+    ]:
+        prism = PrismSpace(layers, 48 if heads == 12 else 64, heads, **options)
+        rule = KVRule.build(heads, None, schedule=True, **{("min_kv_heads" if k == "min_kv_heads" else k): v
+                                                           for k, v in rule_options.items()})
+        assert count_over_prism(rule, prism) == sum(rule.count(s) for s in prism.schedules())
+        for schedule in itertools.islice(prism.schedules(), 0, None, 7):
+            listed = list(rule.group_schedules(schedule))
+            assert len(listed) == rule.count(schedule)
+            assert [rule.unrank(schedule, i) for i in range(len(listed))] == listed
+            assert [rule.rank(schedule, g) for g in listed] == list(range(len(listed)))
+
+
+def test_the_cpu_proxy_spaces_with_a_kv_schedule_are_counted_without_listing_them():
+    started = time.perf_counter()
+    counts = {name: build_space(SpaceOptions(space=name, kv_schedule=True)).count()
+              for name in ("prism", "hourglass", "joint")}
+    assert counts["prism"] == 32848 and counts["joint"] > 10**6
+    assert time.perf_counter() - started < 20  # listing the joint one would take hours
+
+
+def test_tpe_proposes_only_members_with_stable_distributions():
+    for kv in ({"kv_groups": (2, 3)}, {"kv_schedule": True}):
+        space = build_space(small("joint", **kv))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            sampler = optuna.samplers.TPESampler(multivariate=True, group=True, seed=0, n_startup_trials=5)
+        study = optuna.create_study(sampler=sampler)
+
+        def objective(trial: optuna.Trial, space=space) -> float:
+            arch = space.suggest(trial)
+            return arch.kv_cache_bytes_per_token() / 1e3 + arch.ffn.k
+
+        study.optimize(objective, 20)
+        for trial in study.trials:
+            arch = space.suggest(optuna.trial.FixedTrial(trial.params))
+            assert space.validate(arch) == []
+
+
+@pytest.mark.parametrize("kv, says", [
+    ({"kv_groups": (5,)}, "group size 5 does not divide the baseline's 12 heads; valid group sizes are 1,2,3,4,6,12"),
+    ({"kv_groups": (24,)}, "group size 24 is larger than the baseline's 12 heads; valid group sizes are"),
+    ({"kv_groups": (12,), "min_kv_heads": 2}, "group size 12 leaves the baseline's 12 heads 1 key/value heads, fewer "
+                                              "than --min-kv-heads 2; valid group sizes are 1,2,3,4,6"),
+    ({"min_kv_heads": 2}, "--min-kv-heads applies with --kv-groups or --kv-schedule"),
+    ({"kv_groups": (2,), "kv_max_plateau": 3}, "--kv-max-plateau applies with --kv-schedule"),
+    ({"kv_schedule": True, "kv_min_plateau": 4, "kv_max_plateau": 3}, "--kv-min-plateau 4 > --kv-max-plateau 3"),
+    ({"kv_groups": (1,)}, "group size 1 alone is multi-head attention"),
+])
+def test_bad_gqa_options_are_one_line_naming_what_is_valid(kv, says):
+    for name in ("prism", "hourglass"):
+        with pytest.raises(UsageError) as error:
+            build_space(SpaceOptions(space=name, **kv))
+        assert says in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_budget_no_grouped_member_can_match_is_refused():
+    space = build_space(SpaceOptions(space="hourglass", fix="attention", hidden_multiple=64, kv_groups=(2,)))
+    with pytest.raises(UsageError, match="no grid point with grouped key/value heads matches the budget 1,354,080"):
+        space.count()
+
+
+@pytest.mark.parametrize("args, says", [
+    (["count", "--space", "prism", "--kv-groups", "5"], "does not divide the baseline's 12 heads"),
+    (["count", "--space", "joint", "--kv-groups", "2,x"], "is not a comma-separated list of ints"),
+    (["show", "--space", "prism", "--kv-schedule", "--schedule", "12x12", "--kv", "6x11"],
+     "gives 11 layers but the shape has 12"),
+    (["show", "--space", "hourglass", "--kv-groups", "2", "--config", "{config}", "--kv", "6x12"],
+     "--kv applies to the prism space with --kv-groups"),
+    (["show", "--space", "prism", "--config", "{bad}"], "kv_heads[layer 1]=5 does not divide that layer's 12 heads"),
+])
+def test_bad_input_on_the_command_line_is_one_line_exit_2(args, says, tmp_path):
+    (tmp_path / "a.json").write_text(uniform(12, 96, 12, 256).to_json())
+    (tmp_path / "bad.json").write_text(json.dumps({**uniform(12, 96, 12, 256).to_dict(), "kv_heads": [5] * 12}))
+    args = [a.format(config=tmp_path / "a.json", bad=tmp_path / "bad.json") for a in args]
+    result = CliRunner().invoke(app, ["space", *args])
+    assert result.exit_code == 2, result.output
+    assert says in result.stderr and result.stderr.count("\n") == 1 and "Traceback" not in result.output
+
+
+def test_nas_space_show_checks_a_key_value_schedule_and_names_every_broken_rule():
+    runner = CliRunner()
+    ok = runner.invoke(app, ["space", "show", "--space", "prism", "--kv-schedule", "--schedule", "3x2,6x2,12x8",
+                             "--kv", "3x2,3x2,6x2,3x6"])  # group sizes 1x2,2x4,4x6
+    assert ok.exit_code == 0, ok.output
+    assert "kv_groups: 1,1,2,2,2,2,4,4,4,4,4,4" in ok.stdout and "budget_deviation: +0.0000%" in ok.stdout
+    bad = runner.invoke(app, ["space", "show", "--space", "prism", "--kv-schedule", "--schedule", "12x12",
+                              "--kv", "3x4,12x8"])
+    assert bad.exit_code == 1
+    assert "group size 1 after 4 — group sizes must not decrease with depth" in bad.stdout
+    uniform_only = runner.invoke(app, ["space", "show", "--space", "prism", "--kv-groups", "2,4", "--schedule",
+                                       "12x12", "--kv", "6x6,3x6"])
+    assert uniform_only.exit_code == 1 and "differ by layer" in uniform_only.stdout
+
+
+def test_spaces_with_gqa_are_the_classes_the_options_name():
+    assert isinstance(build_space(SpaceOptions(space="prism", kv_groups=(2,))), UniformGroupPrismSpace)
+    assert isinstance(build_space(SpaceOptions(space="joint", kv_schedule=True)), KVScheduleSpace)
+    joint = build_space(SpaceOptions(space="joint", kv_groups=(4,)))
+    assert isinstance(joint, JointSpace) and joint.hourglass.kv_groups == (1, 4)
+    identity = joint.describe()
+    assert (identity["kv_groups"], identity["min_kv_heads"]) == ([1, 4], 1)
