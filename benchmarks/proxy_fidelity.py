@@ -3,6 +3,7 @@
     python -m benchmarks.proxy_fidelity                  # about 40 min on 2 cores; writes FIDELITY_FILE
     python -m benchmarks.proxy_fidelity --smoke --out /tmp/fidelity.json
     python -m benchmarks.proxy_fidelity --from-file      # the figures again from the stored runs, no training
+    python -m benchmarks.proxy_fidelity --space hourglass  # the width-depth-FFN axis (about 1 h on 2 cores)
 
 Every proxy configuration in ``CONFIGS`` trains the reference panel's 13 shapes
 (``benchmarks/reference_panel.py``: the baseline and 12 Prism schedules) on four common seeds
@@ -25,6 +26,15 @@ losses, with a 95 % bootstrap interval over seeds (``nas.stats.comparisons.kenda
 CPU seconds a trial of that configuration costs. Configurations keep what defines the space (12
 layers, 12 baseline heads: the 129 schedules) and vary what does not: tokens, width (every head
 count still divides it), batch with learning rate, context.
+
+``--space hourglass`` judges the proxy on the width-depth-FFN axis against its own panel
+(``reference_panel_hourglass.json``: 16 members of the default Hourglass grid and the baseline):
+the ``cpu`` proxy on 8 seeds, 2x its tokens on 4 and 4x on 2, so that every configuration costs the
+same CPU time a shape. ``budget_rows`` then compares, at equal CPU time, ``k`` seeds of each: Kendall
+tau of the shapes' means over ``k`` common seeds against the panel's means (the point: the mean over
+every set of ``k`` seeds; the interval: a bootstrap that redraws ``k`` common seeds of the proxy and the
+panel's seeds), with the CPU seconds a shape costs. ``cheapest_ranking`` is the cheapest row whose tau
+reaches 0.6 with the lower end of its interval above 0: the setup of a CPU search of this axis.
 """
 
 from __future__ import annotations
@@ -40,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.reference_panel import (
+    HOURGLASS_FILE,
     REFERENCE_FILE,
     load_panel,
     losses_by_shape,
@@ -50,6 +61,8 @@ from benchmarks.reference_panel import (
 )
 
 FIDELITY_FILE = Path(__file__).parent / "data" / "proxy_fidelity.json"
+HOURGLASS_FIDELITY_FILE = Path(__file__).parent / "data" / "proxy_fidelity_hourglass.json"
+TAU_TARGET = 0.6  # what a ranking proxy must reach against the panel (its interval's lower end above 0)
 SCORES = ("final", "train_mean", "train_last_half", "val_auc", "extrapolated")
 
 
@@ -62,6 +75,7 @@ class ProxyConfig:
     changes: tuple[tuple[str, Any], ...] = ()
     d_model: int | None = None
     seeds: tuple[int, ...] = (0, 1, 2, 3)
+    space: str = "prism"
 
     def train(self) -> Any:
         from runners.presets import get_preset
@@ -72,7 +86,7 @@ class ProxyConfig:
     def shapes(self, smoke: bool = False) -> list[Any]:
         from nas.arch import FFNShape
 
-        shapes = panel_shapes(smoke)
+        shapes = panel_shapes(smoke, self.space)
         if self.d_model is None or self.d_model == shapes[0].d_model:
             return shapes
         hidden = round(shapes[0].ffn.hidden * self.d_model / shapes[0].d_model)
@@ -87,6 +101,16 @@ CONFIGS = (
     ProxyConfig("T64 B8, 32k tokens", (("seq_len", 64), ("batch_size", 8))),
     ProxyConfig("width 48, 64k tokens", (("tokens", 65_536),), d_model=48),
 )
+
+HOURGLASS_CONFIGS = (  # equal CPU time a shape: 8 x 32k = 4 x 64k = 2 x 128k tokens
+    ProxyConfig("cpu (32k tokens, B4 T128, lr 1e-2)", seeds=tuple(range(8)), space="hourglass"),
+    ProxyConfig("2x tokens (64k)", (("tokens", 65_536),), seeds=(0, 1, 2, 3), space="hourglass"),
+    ProxyConfig("4x tokens (128k, lr 8e-3)", (("tokens", 131_072), ("lr", 8e-3)), seeds=(0, 1), space="hourglass"),
+)
+
+
+def configs_of(space: str) -> tuple[ProxyConfig, ...]:
+    return HOURGLASS_CONFIGS if space == "hourglass" else CONFIGS
 
 
 # ----------------------------------------------------------------- scores of one run
@@ -203,9 +227,11 @@ def pruning_markdown(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run_configs(configs: tuple[ProxyConfig, ...], smoke: bool, processes: int) -> dict[str, Any]:
-    base96 = panel_shapes(smoke)
-    out: dict[str, Any] = {"panel": str(REFERENCE_FILE.name), "configs": []}
+def run_configs(configs: tuple[ProxyConfig, ...], smoke: bool, processes: int, space: str = "prism",
+                on_config: Any = None) -> dict[str, Any]:
+    base96 = panel_shapes(smoke, space)
+    panel = HOURGLASS_FILE if space == "hourglass" else REFERENCE_FILE
+    out: dict[str, Any] = {"panel": str(panel.name), "space": space, "configs": []}
     for config in configs:
         seeds = config.seeds[:2] if smoke else config.seeds
         shapes = config.shapes(smoke)
@@ -218,7 +244,70 @@ def run_configs(configs: tuple[ProxyConfig, ...], smoke: bool, processes: int) -
         out["configs"].append({"name": config.name, "train": train.to_dict(), "d_model": config.d_model,
                                "key_map": key_map, "seeds": list(seeds),
                                "wall_time_s": time.perf_counter() - started, "runs": runs})
+        if on_config is not None:  # a long run keeps every finished configuration
+            on_config(out)
     return out
+
+
+# ----------------------------------------------------------------- equal CPU time: k seeds of each configuration
+def tau_at_seeds(table: dict[str, dict[int, float]], reference: dict[str, dict[int, float]], k: int,
+                 resamples: int = 2000, seed: int = 0) -> dict[str, float]:
+    """Kendall tau of the shapes' means over ``k`` common proxy seeds against the panel's means (module docstring):
+    the mean over every set of ``k`` seeds (at most 70 sets), and a bootstrap interval redrawing ``k`` common seeds
+    of the proxy (with replacement) and the panel's seeds."""
+    import itertools
+    import random
+
+    from benchmarks.reference_panel import _tau
+
+    keys = sorted(set(table) & set(reference))
+    seeds = sorted(set.intersection(*(set(table[key]) for key in keys)))
+    panel_seeds = sorted(set.intersection(*(set(reference[key]) for key in keys)))
+    panel_means = [statistics.fmean(reference[key][s] for s in panel_seeds) for key in keys]
+    subsets = list(itertools.islice(itertools.combinations(seeds, k), 70))
+    point = statistics.fmean(_tau([statistics.fmean(table[key][s] for s in subset) for key in keys], panel_means)
+                             for subset in subsets)
+    rng = random.Random(seed)
+    draws = []
+    for _ in range(resamples):
+        chosen, panel_chosen = rng.choices(seeds, k=k), rng.choices(panel_seeds, k=len(panel_seeds))
+        draws.append(_tau([statistics.fmean(table[key][s] for s in chosen) for key in keys],
+                          [statistics.fmean(reference[key][s] for s in panel_chosen) for key in keys]))
+    draws.sort()
+    return {"tau": point, "low": draws[int(0.025 * resamples)], "high": draws[int(0.975 * resamples) - 1],
+            "subsets": len(subsets)}
+
+
+def budget_rows(data: dict[str, Any], panel: dict[str, Any], score: str = "final") -> list[dict[str, Any]]:
+    """One row per (configuration, k seeds): tau against the panel with its interval, and the CPU seconds a shape."""
+    reference = losses_by_shape(panel["runs"])
+    rows = []
+    for config in data["configs"]:
+        table: dict[str, dict[int, float]] = {}
+        for r in config["runs"]:
+            if r["status"] == "ok" and r["val_loss"] is not None and math.isfinite(r["val_loss"]):
+                value = scores_of(r, int(panel["train"]["tokens"]))[score]
+                table.setdefault(config["key_map"][r["key"]], {})[int(r["seed"])] = value
+        per_trial = config["result"]["cpu_s_per_trial"]
+        k = 1
+        while k <= len(config["seeds"]):
+            tau = tau_at_seeds(table, reference, k)
+            rows.append({"proxy": config["name"], "seeds": k, "cpu_s_per_shape": k * per_trial, **tau})
+            k *= 2
+    return sorted(rows, key=lambda r: r["cpu_s_per_shape"])
+
+
+def cheapest_ranking(rows: list[dict[str, Any]], target: float = TAU_TARGET) -> dict[str, Any] | None:
+    """The cheapest row whose tau reaches ``target`` with the lower end of its interval above 0."""
+    return next((r for r in rows if r["tau"] >= target and r["low"] > 0), None)
+
+
+def budget_markdown(rows: list[dict[str, Any]]) -> str:
+    lines = ["| proxy | seeds a shape | CPU s a shape | Kendall tau vs panel [95 %] |", "|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['proxy']} | {r['seeds']} | {r['cpu_s_per_shape']:.0f} | {r['tau']:+.2f} "
+                     f"[{r['low']:+.2f}, {r['high']:+.2f}] |")
+    return "\n".join(lines)
 
 
 def with_results(data: dict[str, Any], panel: dict[str, Any]) -> dict[str, Any]:
@@ -229,34 +318,61 @@ def with_results(data: dict[str, Any], panel: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.proxy_fidelity", description=__doc__.split("\n")[0])
+    parser.add_argument("--space", choices=("prism", "hourglass"), default="prism", help="the axis and its panel")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes and tokens, two configs: checks the code")
-    parser.add_argument("--out", type=Path, default=FIDELITY_FILE, help="the JSON file to write (runs and figures)")
-    parser.add_argument("--panel", type=Path, default=REFERENCE_FILE, help="the reference panel to judge against")
+    parser.add_argument("--out", type=Path, default=None, help="the JSON file to write (runs and figures; default "
+                        "the space's file in benchmarks/data)")
+    parser.add_argument("--panel", type=Path, default=None, help="the reference panel to judge against (default the "
+                        "space's)")
     parser.add_argument("--from-file", action="store_true", help="recompute the figures from --out's stored runs")
     parser.add_argument("--only", default="", help="comma-separated config numbers (1-based) to train")
     parser.add_argument("--processes", type=int, default=2)
     args = parser.parse_args(argv)
-    panel = load_panel(args.panel)
+    hourglass = args.space == "hourglass"
+    out = args.out or (HOURGLASS_FIDELITY_FILE if hourglass else FIDELITY_FILE)
+    panel = load_panel(args.panel or (HOURGLASS_FILE if hourglass else REFERENCE_FILE))
+    all_configs = configs_of(args.space)
     if args.from_file:
-        data = json.loads(args.out.read_text())
+        data = json.loads(out.read_text())
     else:
-        configs = CONFIGS[:2] if args.smoke else CONFIGS
+        configs = all_configs[:2] if args.smoke else all_configs
         if args.only:
             configs = tuple(configs[int(i) - 1] for i in args.only.split(","))
-        data = run_configs(configs, args.smoke, max(1, args.processes))
-        if args.only and args.out.exists():  # the configurations not re-run keep their stored runs
-            stored = json.loads(args.out.read_text())
-            fresh = {c["name"] for c in data["configs"]}
-            order = [c.name for c in CONFIGS]
-            kept = [c for c in stored["configs"] if c["name"] not in fresh]
-            data["configs"] = sorted(kept + data["configs"],
-                                     key=lambda c: order.index(c["name"]) if c["name"] in order else len(order))
+        stored = json.loads(out.read_text()) if (args.only or hourglass) and out.exists() else None
+
+        def merged(fresh: dict[str, Any]) -> dict[str, Any]:
+            """The fresh configurations, and the stored ones not re-run (in ``all_configs``'s order)."""
+            if stored is None:
+                return fresh
+            names = {c["name"] for c in fresh["configs"]}
+            order = [c.name for c in all_configs]
+            kept = [c for c in stored["configs"] if c["name"] not in names]
+            return {**fresh, "configs": sorted(kept + fresh["configs"], key=lambda c: order.index(c["name"])
+                                               if c["name"] in order else len(order))}
+
+        if hourglass and stored is not None and not args.only:  # resume: configurations already stored are kept
+            done = {c["name"] for c in stored["configs"]}
+            configs = tuple(c for c in configs if c.name not in done)
+
+        def save(partial: dict[str, Any]) -> None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(merged(partial), indent=1) + "\n")
+
+        data = merged(run_configs(configs, args.smoke, max(1, args.processes), args.space, on_config=save))
     data = with_results(data, panel)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(data, indent=1) + "\n")
+    if hourglass:
+        data["budget_rows"] = budget_rows(data, panel)
+        data["cheapest_ranking"] = cheapest_ranking(data["budget_rows"])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=1) + "\n")
     print(markdown(figure_rows(data)))
     print()
     print(pruning_markdown(data))
+    if hourglass:
+        print()
+        print(budget_markdown(data["budget_rows"]))
+        print(f"cheapest configuration that ranks (tau >= {TAU_TARGET}, interval above 0): "
+              f"{data['cheapest_ranking']}")
     return 0
 
 
