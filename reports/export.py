@@ -1,8 +1,9 @@
 """``nas export``: the best shapes as JSON rows, each with its shape and the proxy's scores and intervals.
 
-A row is a valid ``nas train --config`` (its ``arch``), and a list of rows is a leaderboard
-(``--rank``). Scores: mean loss over seeds with its 95 % interval, the gain of the means, the
-paired gain over the baseline on common seeds without the selecting seed
+A row is a valid ``nas train --config`` (its ``arch``, with ``kv_heads`` when grouped), and a list of
+rows is a leaderboard (``--rank``); ``kv_heads`` and ``kv_cache_bytes_per_token`` are each shape's keys and
+values per layer and what they cost an inference. Scores: mean loss over seeds with its 95 % interval, the
+gain of the means, the paired gain over the baseline on common seeds without the selecting seed
 (``reports.summary.honest_gain``) and whether the shape is tied with the best.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from nas.arch import ArchConfig, format_plateaus
 from reports.frame import StudyData
 from reports.summary import honest_gain, shape_label, summarise
 
@@ -28,8 +30,11 @@ def export_rows(data: StudyData, top: int) -> list[dict[str, Any]]:
     rows = []
     for r in data.board[(data.board.index < top) | data.board["is_baseline"]].itertuples():
         gain = honest_gain(data, r.key) if r.key != data.baseline_key else None
+        arch = ArchConfig.from_dict(r.arch) if isinstance(r.arch, dict) else None
         rows.append({
-            "rank": int(r.rank), "shape": shape_label(data, r.key), "heads": r.heads, "k": _number(r.k),
+            "rank": int(r.rank), "shape": shape_label(data, r.key), "heads": r.heads,
+            "kv_heads": format_plateaus(arch.kv_per_layer()) if arch else None,
+            "kv_cache_bytes_per_token": arch.kv_cache_bytes_per_token() if arch else None, "k": _number(r.k),
             "d_h": _number(r.d_h), "d_model": _number(r.d_model), "layers": _number(r.layers), "seeds": int(r.seeds),
             "ranked_loss": _number(r.ranked_loss), "expected_gain_pct": _number(r.expected_gain_pct),
             "expected_gain_low": _number(r.expected_gain_low), "expected_gain_high": _number(r.expected_gain_high),

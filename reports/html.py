@@ -1,7 +1,8 @@
 """``nas report``: one self-contained HTML page that answers "which shape, and how sure are we?".
 
 Sections, in order: the summary (counts, best shape against the baseline, one plain sentence),
-the leaderboard (the numbers of ``nas best``, with each shape's paired gain), the staircases,
+the leaderboard (the numbers of ``nas best``, with each shape's paired gain), for a grouped-query
+study loss against KV cache (``reports.kv_cache``), the staircases,
 the width-depth / bottleneck / stack-depth curves, the search dynamics, the training curves
 with milestones, the attention distances, and the full-scale re-runs. A section with nothing
 to draw says so in one line.
@@ -19,6 +20,7 @@ from reports.attention import attention_section
 from reports.curves import curves_section
 from reports.dynamics import dynamics_section
 from reports.frame import StudyData
+from reports.kv_cache import has_grouped, kv_cache_section
 from reports.leaderboard import expected_gain_text
 from reports.page import Section, render_page, table, text
 from reports.reruns import reruns_section
@@ -82,7 +84,8 @@ def leaderboard_section(data: StudyData, summary: Summary, top: int) -> Section:
 def build_report(data: StudyData, top: int = 10, plotlyjs: str = "inline") -> str:
     """The whole page for the snapshot ``data``."""
     summary = summarise(data)
-    sections = [summary_section(data, summary), leaderboard_section(data, summary, top), staircase_section(data),
+    sections = [summary_section(data, summary), leaderboard_section(data, summary, top),
+                *([kv_cache_section(data, summary)] if has_grouped(data) else []), staircase_section(data),
                 curves_section(data), dynamics_section(data), training_section(data), attention_section(data),
                 reruns_section(data)]
     made = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

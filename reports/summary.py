@@ -43,6 +43,7 @@ from nas.stats.race import RACE_ROLES, RaceState, race_state
 from nas.stats.resolution import Resolution, gain_design, posterior_resolution, resolution
 from nas.stats.shrinkage import Z, rank_shapes
 from reports.frame import StudyData, outcome_counts
+from reports.kv_cache import kv_cache_clause
 
 SELECTING_ROLES = ("member", "sampled")  # the first-pass trials by which a shape entered the top of the board
 TIED_NAMES_SHOWN = 5
@@ -243,6 +244,7 @@ def summarise(data: StudyData) -> Summary:
         sentence += f" ({len(above)} shape{'s' if len(above) > 1 else ''} above it in the leaderboard " + (
             "rest on fewer seeds and were not raced)" if race is not None and not set(above) & set(race.candidates)
             else "rest on fewer seeds)")
+    sentence += kv_cache_clause(data, tied)  # grouped-query studies: the cheapest shape tied with the best
     return Summary(counts, best, sentence, gain, tied, rows=rows, resolution=res)
 
 

@@ -149,8 +149,8 @@ def rebalance_ffn(arch: ArchConfig, budget: int, hidden_multiple: int = 1) -> Ar
     if total == budget:
         return arch
     d, sub_mlps = arch.d_model, arch.n_layers * arch.ffn.k
-    units = sub_mlps * arch.ffn.hidden + arch.ffn.wider + (budget - total) // (3 * d)  # floor, then the closer one
-    units += (budget - total) % (3 * d) * 2 > 3 * d
+    step = 3 * d  # parameters per hidden unit; rounded to the nearest unit as BudgetMatcher.best_ffn does
+    units = sub_mlps * arch.ffn.hidden + arch.ffn.wider + (2 * (budget - total) + step) // (2 * step)
     if hidden_multiple > 1:
         hidden = max(1, round(units / sub_mlps / hidden_multiple)) * hidden_multiple
         return arch.replace(ffn=FFNShape(arch.ffn.k, hidden, 0))

@@ -18,6 +18,12 @@ A shape has two parts, and each carries by its own rule:
   ``d_model`` is refused; so is a stretched schedule that breaks the Prism rules (plateau lengths
   scaled by the depth ratio, the baseline plateau at least half the layers).
 
+- **The key/value heads** (grouped-query shapes, ``search_spaces.kv``). Each layer's group size
+  ``h_l / kv_l`` carries as the head counts do (layer ``l'`` takes source layer ``floor(l' L_s / L_t)``'s);
+  the shape is carried as its multi-head counterpart (the FFN the budget gives it without GQA) and the
+  target's FFN hidden size then takes what the target's grouped key/value heads save. A group size that
+  does not divide the target layer's head count is refused.
+
 Every carried shape is re-checked: heads divide ``d_model``, the budget within tolerance.
 Imports no torch.
 """
@@ -30,6 +36,7 @@ from fractions import Fraction
 from typing import Any
 
 from nas.arch import ArchConfig, plateaus
+from search_spaces.budget import rebalance_ffn
 from search_spaces.hourglass import HourglassSpace
 from search_spaces.prism import PrismSpace
 
@@ -115,6 +122,10 @@ def transfer_shape(arch: ArchConfig, proxy_space: dict[str, Any], proxy_baseline
     """Carry ``arch`` (a member of the proxy space ``proxy_space``, as ``describe()`` gave it) to the target preset
     whose baseline is ``target_baseline``."""
     rules: list[str] = []
+    groups = arch.kv_groups() if arch.grouped else None
+    if groups is not None:  # its multi-head counterpart: the FFN the proxy's budget gives it without GQA
+        arch = rebalance_ffn(arch.replace(kv_heads=[]), int(proxy_space.get("budget") or
+                                                            proxy_baseline.n_params()["total"]))
     shape = arch.replace(heads=[arch.heads[-1]] * arch.n_layers)  # its FFN and width, with uniform heads
     ffn = transfer_ffn(shape, proxy_baseline, target_baseline, proxy_space)
     if isinstance(ffn, str):
@@ -132,12 +143,30 @@ def transfer_shape(arch: ArchConfig, proxy_space: dict[str, Any], proxy_baseline
     rules.append(f"heads: {rule}")
     target = ffn.replace(heads=list(carried))
     budget = target_baseline.n_params()["total"]
+    if groups is not None:
+        kv = transfer_kv(groups, target)
+        if isinstance(kv, str):
+            return _refuse(arch, kv, rules)
+        target = rebalance_ffn(target.replace(kv_heads=[h // g for h, g in zip(target.heads, kv[0])]), budget)
+        rules.append(f"key/value heads: {kv[1]}; the FFN's hidden size re-solved for the target's budget")
     tolerance = float(proxy_space.get("tolerance") or 0.001)
     deviation = (target.n_params()["total"] - budget) / budget
     if abs(deviation) > tolerance:
         return _refuse(arch, f"{target.label()} is {deviation:+.3%} off the target's budget {budget:,} "
                              f"(tolerance ±{tolerance:.3%})", rules)
     return Transfer(arch, target, tuple(rules))
+
+
+def transfer_kv(groups: tuple[int, ...], target: ArchConfig) -> tuple[tuple[int, ...], str] | str:
+    """Group sizes ``groups`` carried onto ``target``'s layers (with the rule used), or a refusal."""
+    source_layers, target_layers = len(groups), target.n_layers
+    carried = tuple(groups[math.floor(layer * source_layers / target_layers)] for layer in range(target_layers))
+    for layer, (h, g) in enumerate(zip(target.heads, carried), start=1):
+        if h % g:
+            return f"group size {g} does not divide the {h} heads of the target's layer {layer}"
+    same = source_layers == target_layers
+    return carried, (f"group sizes h_l/kv_l {schedule_text(carried)} carried "
+                     + ("unchanged" if same else f"from L={source_layers} to L={target_layers}"))
 
 
 def schedule_text(heads: tuple[int, ...]) -> str:

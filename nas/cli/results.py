@@ -77,7 +77,13 @@ def best(
         typer.echo("no completed trials yet")
         return
     typer.echo(summarise(data).sentence)
-    typer.echo(f"{'rank':>4}  {'heads':<28} {'K':>2} {'d_h':>5} {'d':>5} {'L':>3} {'seeds':>5}  "
+    grouped = any(r["kv_heads"] not in (None, r["heads"]) for r in rows)  # a KV column for grouped-query studies
+
+    def kv(r: dict) -> str:
+        return f" {r['kv_heads'] or '':<20} {r['kv_cache_bytes_per_token'] or 0:>8,}" if grouped else ""
+
+    kv_head = f" {'kv heads':<20} {'KV B/tok':>8}" if grouped else ""
+    typer.echo(f"{'rank':>4}  {'heads':<28}{kv_head} {'K':>2} {'d_h':>5} {'d':>5} {'L':>3} {'seeds':>5}  "
                f"{'expected gain % [95%]':>24} {'adj. loss':>9} {'mean loss':>9} {'± ci95':>7} "
                f"{'paired gain % (95% CI)':>26} {'tied':>4} {'params':>10} {'tok/s':>7}")
 
@@ -91,9 +97,9 @@ def best(
                 f"{r['paired_gain_pct']:+.2f} (1 seed)" if r["paired_gain_pct"] is not None else "-")
         tag = "  (baseline)" if r["is_baseline"] else ""
         tied = "yes" if r["tied_with_best"] else ""
-        typer.echo(f"{r['rank']:>4}  {r['heads']:<28} {r['k']:>2} {r['d_h']:>5} {r['d_model']:>5} {r['layers']:>3} "
-                   f"{r['seeds']:>5}  {expected(r):>24} {r['adjusted_loss']:>9.4f} {r['mean_loss']:>9.4f} {ci:>7} "
-                   f"{gain:>26} {tied:>4}"
+        typer.echo(f"{r['rank']:>4}  {r['heads']:<28}{kv(r)} {r['k']:>2} {r['d_h']:>5} {r['d_model']:>5} "
+                   f"{r['layers']:>3} {r['seeds']:>5}  {expected(r):>24} {r['adjusted_loss']:>9.4f} "
+                   f"{r['mean_loss']:>9.4f} {ci:>7} {gain:>26} {tied:>4}"
                    f" {r['params']:>10} {r['tokens_per_s'] or 0:>7.0f}{tag}")
 
 

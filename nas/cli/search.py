@@ -53,7 +53,9 @@ def search(
                                                        "with several objectives).", show_default=False)] = None,
     pruner: Annotated[Pruner, typer.Option("--pruner", help="Pruner of unpromising trials (auto: none on an "
                                            "exhaustive walk, median when sampling).")] = Pruner.auto,
-    objectives: Annotated[str, typer.Option("--objectives", help="loss, loss,params or loss,tokens_per_s.")] = "loss",
+    objectives: Annotated[str, typer.Option("--objectives", help="loss, loss,params, loss,tokens_per_s or "
+                                            "loss,kv_cache (KV-cache bytes per token; with --kv-groups or "
+                                            "--kv-schedule).")] = "loss",
     workers: Annotated[str, typer.Option("--workers", help="Worker processes on this machine, or auto: one per "
                                          "visible GPU on a GPU device (worker i on GPU i mod n, seeing only it), "
                                          "else one per core with one thread each (on 2 cores 1.20x the trials "

@@ -40,7 +40,8 @@ def check_study_name(name: str, flag: str = "--study-name") -> str:
 SAMPLERS = ("tpe", "random", "grid", "gp", "nsga2")
 REPLICATES = ("race", "fixed", "adaptive")
 PRUNERS = ("auto", "median", "hyperband", "none")
-OBJECTIVES = {"loss": "minimize", "params": "minimize", "tokens_per_s": "maximize"}
+# kv_cache: KV-cache bytes per token of context (ArchConfig.kv_cache_bytes_per_token), with a space's GQA options
+OBJECTIVES = {"loss": "minimize", "params": "minimize", "tokens_per_s": "maximize", "kv_cache": "minimize"}
 
 
 @dataclass(frozen=True)
@@ -88,8 +89,8 @@ class SearchConfig:
         bad = [o for o in self.objectives if o not in OBJECTIVES]
         repeated = len(set(self.objectives)) != len(self.objectives)
         if bad or not self.objectives or repeated or self.objectives[0] != "loss":
-            raise UsageError(f"--objectives {','.join(self.objectives)!r} is invalid: use loss, loss,params or "
-                             "loss,tokens_per_s")
+            raise UsageError(f"--objectives {','.join(self.objectives)!r} is invalid: use loss, loss,params, "
+                             "loss,tokens_per_s or loss,kv_cache")
         if self.sampler == "gp" and len(self.objectives) > 1:
             raise UsageError("--sampler gp takes a single objective; use nsga2 or tpe for several")
         if self.replicates not in REPLICATES:
@@ -109,5 +110,9 @@ def precheck(config: SearchConfig) -> None:
         from runners.device import resolve_device
 
         resolve_device(train.device)
+    options = preset.space_options(config.space)
+    if "kv_cache" in config.objectives and options.kv_groups is None and not options.kv_schedule:
+        raise UsageError("--objectives loss,kv_cache needs a space with grouped key/value heads (--kv-groups or "
+                         "--kv-schedule): without them every member has the baseline's KV cache")
     if config.data == "builtin":
-        build_space(preset.space_options(config.space), defaults=preset.baseline.replace(vocab_size=256))
+        build_space(options, defaults=preset.baseline.replace(vocab_size=256))

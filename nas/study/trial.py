@@ -79,7 +79,8 @@ def find_original(search: Search, key: str, seed: int, number: int, heartbeat: H
 
 
 def objective_values(search: Search, arch: ArchConfig, loss: float, tokens_per_s: float) -> list[float]:
-    pick = {"loss": loss, "params": float(arch.n_params()["total"]), "tokens_per_s": tokens_per_s}
+    pick = {"loss": loss, "params": float(arch.n_params()["total"]), "tokens_per_s": tokens_per_s,
+            "kv_cache": float(arch.kv_cache_bytes_per_token())}
     return [pick[o] for o in search.config.objectives]
 
 
