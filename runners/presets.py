@@ -118,6 +118,18 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
     Preset("hourglass-113m", "LLaMA-style 113M (L12 d768 h12, V32000 tied, SwiGLU 2176), 2B tokens",
            uniform(12, 768, 12, 32000, FFNShape(1, 2176)), _GPU_TRAIN.with_(tokens=2_000_000_000)),
 )}
+# grouped-query attention on the joint space (search_spaces.kv): group sizes 2 and 4 (Llama 3 shares each key/value
+# head among 4 query heads) and 12 (multi-query), 1 (multi-head) always among them; at the Hourglass paper's 113M base
+# the Hourglass grid keeps 472 members (223 multi-head, 140 at g=2, 79 at g=4, 30 at g=12: the width must be a
+# multiple of 64 g), their Prism schedules 7,817 (5,761 without GQA); the KV cache is 36,864 bytes a token (12 layers
+# x 768 keys and values x 2 bytes) at the baseline, 18,432 at g=2, 9,216 at g=4 and 3,072 multi-query
+_GPU_GQA_SPACE = (*_GPU_SPACE, ("kv_groups", (2, 4, 12)))
+PRESETS["gpu-joint-gqa"] = Preset(
+    "gpu-joint-gqa", "the Hourglass paper's 113M base (L12 d768 h12, V32000, SwiGLU 2176) with grouped-query "
+    "attention as a GPU proxy: the joint space at group sizes 1, 2, 4, 12 (7,817 members, head dims <= 256; 5,761 "
+    "without GQA), KV cache 36,864 bytes/token at the baseline, 9,216 at g=4, 3,072 multi-query; 100M tokens/trial, "
+    "bf16, compiled; search with --objectives loss,kv_cache",
+    uniform(12, 768, 12, 32000, FFNShape(1, 2176)), _GPU_PROXY_TRAIN, GpuEstimate(), _GPU_GQA_SPACE)
 DEFAULT_PRESET = "cpu"
 
 

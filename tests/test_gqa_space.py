@@ -212,3 +212,21 @@ def test_spaces_with_gqa_are_the_classes_the_options_name():
     assert isinstance(joint, JointSpace) and joint.hourglass.kv_groups == (1, 4)
     identity = joint.describe()
     assert (identity["kv_groups"], identity["min_kv_heads"]) == ([1, 4], 1)
+
+
+def test_the_gpu_gqa_preset_states_its_arithmetic_and_the_papers_presets_keep_their_meaning():
+    from runners.presets import PRESETS, get_preset
+
+    preset = get_preset("gpu-joint-gqa")
+    options = preset.space_options(SpaceOptions(space="joint"))
+    assert options.kv_groups == (2, 4, 12) and options.max_head_dim == 256
+    joint = build_space(options, defaults=preset.baseline)
+    plain = build_space(SpaceOptions(space="joint", max_head_dim=256), defaults=preset.baseline)
+    assert (joint.count(), plain.count()) == (7817, 5761)
+    assert "7,817 members" in preset.description and "5,761 without GQA" in preset.description
+    base = preset.baseline
+    assert [base.kv_cache_bytes_per_token() // g for g in (1, 4, 12)] == [36864, 9216, 3072]
+    assert all(dict(p.space).get("kv_groups") is None for name, p in PRESETS.items() if name != "gpu-joint-gqa")
+    result = CliRunner().invoke(app, ["presets"])
+    assert "the 7817-member joint space is sampled" in result.stdout
+    assert "KV cache 36,864 bytes/token at the baseline, 18,432 at group size 2" in result.stdout

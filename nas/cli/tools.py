@@ -49,32 +49,40 @@ def presets() -> None:
 def gpu_arithmetic(preset: Preset) -> str:
     """The cost and predicted resolution of a GPU proxy preset, as ``nas presets`` states it."""
     import math
+    from dataclasses import replace
 
     from nas.stats.resolution import detectable_gain
     from search_spaces.factory import SpaceOptions, build_space
 
     b, t, g = preset.baseline, preset.train, preset.gpu
-    space = "hourglass" if "hourglass" in preset.name else "prism"
+    space = "joint" if "joint" in preset.name else "hourglass" if "hourglass" in preset.name else "prism"
     options = preset.space_options(SpaceOptions(space=space))
     members = build_space(options, defaults=b).count()
     minutes = g.minutes_per_trial(b, t)
+    walk = (f"the {members}-member {space} walk {members * minutes / 60:.1f} h on 1 GPU, "
+            f"{members * minutes / 60 / 8:.1f} h on 8" if space != "joint" else
+            f"the {members}-member joint space is sampled: 200 trials {200 * minutes / 60:.1f} h on 1 GPU, "
+            f"{200 * minutes / 60 / 8:.1f} h on 8")
     paired_sd, seeds, race = math.sqrt(2) * g.seed_sd, 8, 8  # independent seeds: the pairing's worst case
     gain = detectable_gain(paired_sd, seeds, 0.05 / race)
     flash = ""
     if options.max_head_dim is not None:  # what the preset's head-dim cap leaves out of the Prism space
-        prism = preset.space_options(SpaceOptions(space="prism"))
+        prism = replace(preset.space_options(SpaceOptions(space="prism")), kv_groups=None)  # schedules, not GQA
         capped = build_space(prism, defaults=b).count()
         every = build_space(SpaceOptions(space="prism"), defaults=b).count()
         flash = (f"; --max-head-dim {options.max_head_dim} (default here) keeps the {capped} of {every} Prism "
                  f"schedules whose head dims FlashAttention takes ({every - capped} have a layer above "
                  f"{options.max_head_dim}, where SDPA falls back to its memory-efficient kernel and tokens/s "
                  "would differ for kernel reasons; benchmarks/gpu_check.py times both)")
+    if options.kv_groups is not None:  # what the grouped key/value heads save an inference
+        flash += (f"; KV cache {b.kv_cache_bytes_per_token():,} bytes/token at the baseline, "
+                  + ", ".join(f"{b.kv_cache_bytes_per_token() // group:,} at group size {group}"
+                              for group in options.kv_groups))
     return (f"{b.flops_per_token(t.seq_len) / 1e9:.3f} GFLOP/token (ArchConfig.flops_per_token, T={t.seq_len}) at "
             f"an assumed {g.achieved_flops / 1e12:.0f} TFLOP/s ({100 * g.mfu:.0f} % MFU of the "
             f"{g.peak_flops / 1e12:.0f} TFLOP/s H100/H200 bf16 datasheet peak; a run's MFU is against the matmul "
             f"peak it measures, which reads higher) and a cold compile of {g.compile_s:.0f} s a schedule (assumed): "
-            f"{g.tokens_per_s(b, t) / 1e3:.0f}k tokens/s, {minutes:.1f} min a trial; the {members}-member {space} "
-            f"walk {members * minutes / 60:.1f} h on 1 GPU, {members * minutes / 60 / 8:.1f} h on 8 "
+            f"{g.tokens_per_s(b, t) / 1e3:.0f}k tokens/s, {minutes:.1f} min a trial; {walk} "
             f"(--workers auto); from a seed sd of {g.seed_sd} nats (modded-nanogpt, GPT-2 small), paired sd at most "
             f"{paired_sd:.4f}: a race of {race} over {seeds} paired seeds detects {gain:.4f} nats "
             f"({100 * gain / 3.28:.2f} % of a 3.28 loss; Prism's effect at 124M: 0.43 %){flash}")
