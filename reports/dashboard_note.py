@@ -16,7 +16,7 @@ import optuna_dashboard
 
 from reports.frame import StudyData, read_study
 from reports.leaderboard import expected_gain_text
-from reports.summary import gain_text, honest_gain, shape_label, summarise
+from reports.summary import allocated_adaptively, board_gain_columns, gain_text, honest_gain, shape_label, summarise
 
 NOTE_ROWS = 10
 
@@ -31,16 +31,20 @@ def note_text(data: StudyData, top: int = NOTE_ROWS) -> str:
              f"`nas report --study-name {shlex.quote(data.name)}` draws the whole picture.", ""]
     if data.board.empty:
         return "\n".join(lines)
-    lines += ["| rank | shape | seeds | expected gain [95 %] | adj. loss | mean loss | ± ci95 | paired gain vs "
-              "baseline | tied |", "|---|---|---|---|---|---|---|---|---|"]
+    first, second = board_gain_columns(data)
+    adaptive = allocated_adaptively(data)
+    lines += [f"| rank | shape | seeds | {first} | {second} | loss on the baseline's seeds | adj. loss | tied |",
+              "|---|---|---|---|---|---|---|---|"]
     shown = data.board[(data.board.index < top) | data.board["is_baseline"]]
     for r in shown.itertuples():
         gain = honest_gain(data, r.key) if r.key != data.baseline_key else None
-        ci = f"{r.ci95:.4f}" if r.ci95 == r.ci95 and r.ci95 is not None else "-"
+        credible, paired = expected_gain_text(r), gain_text(data, r.key, gain)
+        on_base = f"{r.loss_on_baseline_seeds:.4f}" if r.loss_on_baseline_seeds == r.loss_on_baseline_seeds \
+            and r.loss_on_baseline_seeds is not None else "-"
         label = shape_label(data, r.key).replace("|", "/") + (" (baseline)" if r.is_baseline else "")
-        lines.append(f"| {r.rank} | {label} | {r.seeds} | {expected_gain_text(r)} | {r.adjusted_loss:.4f} | "
-                     f"{r.mean_loss:.4f} | {ci} | "
-                     f"{gain_text(data, r.key, gain)} | {'yes' if r.key in summary.tied else ''} |")
+        lines.append(f"| {r.rank} | {label} | {r.seeds} | {credible if adaptive else paired} | "
+                     f"{paired if adaptive else credible} | {on_base} | {r.adjusted_loss:.4f} | "
+                     f"{'yes' if r.key in summary.tied else ''} |")
     return "\n".join(lines)
 
 

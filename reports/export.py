@@ -40,6 +40,7 @@ def export_rows(data: StudyData, top: int) -> list[dict[str, Any]]:
             "expected_gain_low": _number(r.expected_gain_low), "expected_gain_high": _number(r.expected_gain_high),
             "shrink": _number(r.shrink),
             "adjusted_loss": _number(r.adjusted_loss), "mean_loss": _number(r.mean_loss), "ci95": _number(r.ci95),
+            "loss_on_baseline_seeds": _number(r.loss_on_baseline_seeds), "baseline_seeds": int(r.baseline_seeds),
             "gain_pct": _number(r.gain_pct),
             "paired_gain_pct": gain.gain_pct if gain else None, "paired_gain_low": gain.low_pct if gain else None,
             "paired_gain_high": gain.high_pct if gain else None, "paired_seeds": gain.n if gain else 0,

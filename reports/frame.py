@@ -18,6 +18,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from nas.arch import format_plateaus
 from nas.stats.scores import ShapeScores
+from nas.stats.shrinkage import Fit, fit
 from nas.study.records import RESULT_FAILURES, counts, is_duplicate, scores_by_shape, unreadable_attr
 from reports.leaderboard import leaderboard_of
 
@@ -36,11 +37,20 @@ class StudyData:
     trials: list[FrozenTrial]
     frame: pd.DataFrame  # one row per trial (TRIAL_COLUMNS)
     scores: dict[str, ShapeScores]  # completed trainings per shape (nas.study.records.scores_by_shape)
-    board: pd.DataFrame  # the leaderboard: one row per shape, ranked by seed-adjusted loss
+    board: pd.DataFrame  # the leaderboard: one row per shape, ranked by the shrunk gain (nas.stats.shrinkage)
     baseline_key: str | None
     attrs: dict[str, Any] = field(default_factory=dict)  # the study's user attrs
     reruns: pd.DataFrame | None = None  # full-scale re-runs (nas rerun), one row per run; None when there are none
     skipped: list[str] = field(default_factory=list)  # one warning per trial whose stored attrs are unreadable
+    fits: dict[tuple[float, bool], Fit | None] = field(default_factory=dict, repr=False)  # ``model``'s cache
+
+    def model(self, min_tau_ratio: float = 0.0, plug_in: bool = False) -> Fit | None:
+        """The shrinkage model of this snapshot's scores (``nas.stats.shrinkage.fit``), fitted once per variant: the
+        board, the answer, its resolution and the adaptive state all read the same fits."""
+        variant = (min_tau_ratio, plug_in)
+        if variant not in self.fits:
+            self.fits[variant] = fit(self.scores, min_tau_ratio, plug_in) if self.scores else None
+        return self.fits[variant]
 
     @property
     def identity(self) -> dict[str, Any]:
@@ -111,9 +121,11 @@ def study_data(name: str, directions: list[optuna.study.StudyDirection], trials:
     trials, skipped = readable_trials(trials)
     frame = pd.DataFrame([_row(t) for t in trials], columns=list(TRIAL_COLUMNS))
     baseline_key = attrs.get("nas:baseline_key")
-    return StudyData(name=name, directions=directions, trials=trials, frame=frame, scores=scores_by_shape(trials),
-                     board=leaderboard_of(trials, baseline_key), baseline_key=baseline_key, attrs=attrs,
-                     reruns=reruns, skipped=skipped)
+    scores = scores_by_shape(trials)
+    model = fit(scores) if scores and baseline_key in scores else None
+    return StudyData(name=name, directions=directions, trials=trials, frame=frame, scores=scores,
+                     board=leaderboard_of(trials, baseline_key, model=model), baseline_key=baseline_key, attrs=attrs,
+                     reruns=reruns, skipped=skipped, fits={(0.0, False): model} if model is not None else {})
 
 
 def readable_trials(trials: list[FrozenTrial]) -> tuple[list[FrozenTrial], list[str]]:

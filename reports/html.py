@@ -25,7 +25,15 @@ from reports.leaderboard import expected_gain_text
 from reports.page import Section, render_page, table, text
 from reports.reruns import reruns_section
 from reports.staircases import staircase_section
-from reports.summary import Summary, gain_text, honest_gain, shape_label, summarise
+from reports.summary import (
+    Summary,
+    allocated_adaptively,
+    board_gain_columns,
+    gain_text,
+    honest_gain,
+    shape_label,
+    summarise,
+)
 from reports.training import training_section
 
 PLOTLYJS_MODES = ("inline", "cdn")
@@ -41,9 +49,6 @@ def summary_section(data: StudyData, summary: Summary) -> Section:
               "objectives": ", ".join(data.objectives), "trials": len(data.trials), "outcomes": counts}]
     html = (f'<p class="verdict">{text(summary.sentence)}</p>' + table(facts)
             + table(summary.rows, css="board", formats=SHAPE_FORMATS))
-    if summary.gain is not None and summary.gain.pooled:
-        html += ('<p class="note">The interval of the best shape uses the study\'s pooled paired-difference sd: '
-                 "it has one paired seed besides the one that selected it.</p>")
     if data.skipped:
         html += ('<p class="note">Left out of every figure and number, their stored attributes being unreadable: '
                  + "; ".join(text(line) for line in data.skipped) + ".</p>")
@@ -66,13 +71,14 @@ def leaderboard_section(data: StudyData, summary: Summary, top: int) -> Section:
     tied = set(summary.tied)
     shown = data.board[(data.board.index < top) | data.board["is_baseline"]]
     rows = []
+    first, second = board_gain_columns(data)
+    adaptive = allocated_adaptively(data)
     for r in shown.itertuples():
         gain = honest_gain(data, r.key) if r.key != data.baseline_key else None
+        credible, paired = expected_gain_text(r), gain_text(data, r.key, gain)
         rows.append({"rank": r.rank, "shape": shape_label(data, r.key), "seeds": r.seeds,
-                     "expected gain % [95 %]": expected_gain_text(r), "seed-adj. loss": r.adjusted_loss,
-                     "mean loss": r.mean_loss,
-                     "± ci95": r.ci95, "gain % (adj.)": r.gain_pct,
-                     "paired gain vs baseline": gain_text(data, r.key, gain),
+                     first: credible if adaptive else paired, second: paired if adaptive else credible,
+                     "loss on the baseline's seeds": r.loss_on_baseline_seeds, "seed-adj. loss": r.adjusted_loss,
                      "tied with best": r.key in tied, "params": r.params, "tokens/s": r.tokens_per_s,
                      "baseline": r.is_baseline, "trials": r.trials})
     section.html = table(rows, css="board", formats=SHAPE_FORMATS)

@@ -24,8 +24,8 @@ from optuna.trial import FrozenTrial
 from scipy import stats
 
 from nas.arch import format_plateaus
-from nas.stats.scores import seed_adjusted_means
-from nas.stats.shrinkage import rank_shapes
+from nas.stats.scores import ShapeScores, mean_by_seed, seed_adjusted_means
+from nas.stats.shrinkage import Fit, rank_shapes
 from nas.study.records import scores_by_shape
 
 
@@ -46,14 +46,17 @@ def leaderboard(study: optuna.Study, top: int | None = None) -> pd.DataFrame:
     return leaderboard_of(study.get_trials(deepcopy=False), study.user_attrs.get("nas:baseline_key"), top)
 
 
-def leaderboard_of(trials: list[FrozenTrial], baseline_key: str | None, top: int | None = None) -> pd.DataFrame:
-    """``leaderboard`` of a list of trials (numbered 0, 1, ... as a study numbers them)."""
+def leaderboard_of(trials: list[FrozenTrial], baseline_key: str | None, top: int | None = None,
+                   model: Fit | None = None) -> pd.DataFrame:
+    """``leaderboard`` of a list of trials (numbered 0, 1, ... as a study numbers them); ``model``: the shrinkage fit
+    of their scores when the caller has it already."""
     scores = scores_by_shape(trials)
     if not scores:
         return pd.DataFrame()
     base = scores.get(baseline_key)
     adjusted = seed_adjusted_means(scores, baseline_key)
-    board_order = rank_shapes(scores, baseline_key)
+    base_at = mean_by_seed(base) if base is not None else {}
+    board_order = rank_shapes(scores, baseline_key, model)
     ranked, gains = board_order.ranked, board_order.gains
     rows = []
     for key in board_order.order:
@@ -72,6 +75,7 @@ def leaderboard_of(trials: list[FrozenTrial], baseline_key: str | None, top: int
             "expected_gain_high": interval[1] if interval else None,
             "shrink": gain.weight if gain is not None else None,
             "adjusted_loss": adj, "mean_loss": mean, "ci95": ci95(shape.losses),
+            "loss_on_baseline_seeds": loss_on_seeds(shape, base_at), "baseline_seeds": shared(shape, base_at),
             "gain_pct": 100 * (base.mean - adj) / base.mean if base else None,
             "params": first.get("params"), "tokens_per_s": fmean(speeds) if speeds else None,
             "trials": ",".join(map(str, shape.trials)), "is_baseline": key == baseline_key, "key": key,
@@ -82,6 +86,19 @@ def leaderboard_of(trials: list[FrozenTrial], baseline_key: str | None, top: int
     if top is not None:
         board = board[(board.index < top) | board["is_baseline"]]
     return board
+
+
+def shared(shape: ShapeScores, base_at: dict[int, float]) -> int:
+    """How many of ``shape``'s seeds the baseline trained too."""
+    return len(set(shape.seeds) & set(base_at))
+
+
+def loss_on_seeds(shape: ShapeScores, base_at: dict[int, float]) -> float | None:
+    """``shape``'s mean loss over the seeds the baseline trained too (what compares with the baseline's mean on the
+    same seeds, unlike its mean over seeds the baseline never saw); None without a common seed."""
+    by_seed = mean_by_seed(shape)
+    common = [by_seed[s] for s in by_seed if s in base_at]
+    return fmean(common) if common else None
 
 
 def expected_gain_text(row: Any) -> str:

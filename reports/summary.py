@@ -37,11 +37,12 @@ from statistics import NormalDist
 from typing import Any
 
 from nas.arch import ArchConfig
-from nas.stats.adaptive import ADAPTIVE_ROLES, AdaptiveState, adaptive_state
+from nas.stats.adaptive import ADAPTIVE_ROLES, MIN_TAU_RATIO, AdaptiveState, adaptive_state
 from nas.stats.comparisons import ALPHA, PairedGain, paired_gain, pooled_paired_sd, tied_set
 from nas.stats.race import RACE_ROLES, RaceState, race_state
-from nas.stats.resolution import Resolution, gain_design, posterior_resolution, resolution
+from nas.stats.resolution import Resolution, allocation_limit, gain_design, posterior_resolution, resolution
 from nas.stats.shrinkage import Z, rank_shapes
+from nas.study.records import counts
 from reports.frame import StudyData, outcome_counts
 from reports.kv_cache import kv_cache_clause
 
@@ -91,23 +92,26 @@ def allocated_adaptively(data: StudyData) -> bool:
 
 
 def adaptive_of(data: StudyData) -> AdaptiveState | None:
-    """The adaptive allocation's state (``nas.study.adaptive``) when the study allocated adaptively, else None."""
+    """The adaptive allocation's state (``nas.stats.adaptive``) when the study allocated adaptively, else None."""
     if not allocated_adaptively(data):
         return None
-    return adaptive_state(data.scores, data.baseline_key, base_seed(data))  # type: ignore[arg-type]
+    return adaptive_state(data.scores, data.baseline_key, base_seed(data), board=data.model(),  # type: ignore[arg-type]
+                          floored=data.model(MIN_TAU_RATIO))
 
 
 def posterior_gain(data: StudyData, key: str) -> PairedGain | None:
     """``key``'s shrunk gain over the baseline (``nas.stats.shrinkage``) with its 95 % posterior interval, as a
     ``PairedGain`` (``p_value``: twice the posterior probability that the gain has the other sign)."""
-    gains = rank_shapes(data.scores, data.baseline_key).gains
+    model = data.model()
+    gains = rank_shapes(data.scores, data.baseline_key, model).gains
     shrunk, base = gains.get(key), data.scores[data.baseline_key].mean  # type: ignore[index]
     if shrunk is None:
         return None
     interval = shrunk.interval_pct(base)
     if interval is None:
         return PairedGain(shrunk.n, -shrunk.posterior, shrunk.gain_pct(base), None, None, None, None, posterior=True)
-    sd = (shrunk.high - shrunk.low) / (2 * Z) if shrunk.high is not None and shrunk.low is not None else 0.0
+    quantile = model.quantile if model is not None else Z
+    sd = (shrunk.high - shrunk.low) / (2 * quantile) if shrunk.high is not None and shrunk.low is not None else 0.0
     p = 2 * NormalDist().cdf(-abs(shrunk.posterior) / sd) if sd > 0 else (0.0 if shrunk.posterior else 1.0)
     return PairedGain(shrunk.n, -shrunk.posterior, shrunk.gain_pct(base), interval[0], interval[1], p, None,
                       posterior=True)
@@ -125,9 +129,9 @@ def honest_gain(data: StudyData, key: str) -> PairedGain | None:
     docstring; simultaneous over the race's candidates when ``key`` raced)."""
     if data.baseline_key not in data.scores or key not in data.scores:
         return None
-    pooled = pooled_paired_sd(data.scores, data.baseline_key)
-    return paired_gain(data.scores[key], data.scores[data.baseline_key], selecting_seeds(data, key), pooled,
-                       interval_alpha(data, key))
+    # no pooled sd: the answer gives no interval on one paired seed (a pooled one ignores that the seed was chosen)
+    return paired_gain(data.scores[key], data.scores[data.baseline_key], selecting_seeds(data, key),
+                       alpha=interval_alpha(data, key))
 
 
 def study_resolution(data: StudyData, best: str | None) -> Resolution | None:
@@ -140,20 +144,39 @@ def study_resolution(data: StudyData, best: str | None) -> Resolution | None:
     if leader is None:
         return None
     if allocated_adaptively(data):  # the test is the shrunk gain's credible interval
-        return posterior_resolution(gain_design(data.scores, leader, data.baseline_key), data.scores[leader].n,
-                                    data.scores[data.baseline_key].n, ALPHA, data.scores[data.baseline_key].mean)
+        design = gain_design(data.scores, leader, data.baseline_key, data.model(plug_in=True))  # type: ignore[arg-type]
+        return posterior_resolution(design, data.scores[leader].n, data.scores[data.baseline_key].n, ALPHA,
+                                    data.scores[data.baseline_key].mean)
     gain = honest_gain(data, leader)
     sd, df = pooled_paired_sd(data.scores, data.baseline_key)
     return resolution(sd, df, gain.n if gain else 0, interval_alpha(data, leader),
                       data.scores[data.baseline_key].mean)
 
 
-def resolution_text(res: Resolution | None) -> str:
-    """What the study could have detected, as the clause the sentence carries."""
+REPLICATE_ROLES = ("replicate", "race", "confirm", "adaptive", "adaptive-confirm")  # trials after the first pass
+
+
+def replicate_trials(data: StudyData) -> int:
+    """The trainings the study spent after its first pass (every replicates policy's roles)."""
+    return int(sum(1 for t in data.trials if t.user_attrs.get("role") in REPLICATE_ROLES and counts(t)))
+
+
+def study_limit(data: StudyData, res: Resolution | None) -> Resolution | None:
+    """The allocation limit (``nas.stats.resolution.allocation_limit``) at the study's own paired sd (the one its
+    minimum detectable gain uses) and its replicate trials: how much of the budget the allocation used."""
+    if res is None or data.baseline_key not in data.scores:
+        return None
+    return allocation_limit(res.sd, replicate_trials(data), ALPHA, data.scores[data.baseline_key].mean)
+
+
+def resolution_text(res: Resolution | None, limit: Resolution | None = None) -> str:
+    """What the study could have detected, as the clause the sentence carries, with the allocation limit."""
     if res is None:
         return ("how small a gain this study could detect is not known yet: it needs a shape with two seeds in "
                 "common with the baseline, besides the one that selected it")
-    return f"this study would have detected {res.text()}, not a smaller one ({res.needs_text()})"
+    bound = (f"; the allocation limit at this noise and {2 * (limit.n - 1)} replicate trials is "
+             f"{limit.gain_pct:.2f} %" if limit is not None else "")
+    return f"this study would have detected {res.text()}, not a smaller one ({res.needs_text()}{bound})"
 
 
 def best_shape(data: StudyData) -> str | None:
@@ -165,6 +188,19 @@ def best_shape(data: StudyData) -> str | None:
     if race is not None and race.leader is not None:
         return race.leader
     return None if data.board.empty else str(data.board.iloc[0]["key"])
+
+
+CREDIBLE_COLUMN = "expected gain % [95 % credible]"
+PAIRED_COLUMN = "paired gain % [95 % CI], common seeds"
+
+
+def board_gain_columns(data: StudyData) -> tuple[str, str]:
+    """The board's two gain columns, the answer's first and marked so: after adaptive replicates the answer reads the
+    shrunk gain's credible interval, after a race or fixed replicates the paired t interval; the other is shown
+    per shape, not adjusted for the choice of the best."""
+    if allocated_adaptively(data):
+        return f"{CREDIBLE_COLUMN} (the answer's)", f"{PAIRED_COLUMN} (per shape, ignores selection)"
+    return f"{PAIRED_COLUMN} (the answer's)", f"{CREDIBLE_COLUMN} (per shape)"
 
 
 def gain_text(data: StudyData, key: str, gain: PairedGain | None) -> str:
@@ -184,6 +220,7 @@ class Summary:
     gain: PairedGain | None = None  # the best shape's honest paired gain over the baseline
     tied: list[str] = field(default_factory=list)
     resolution: Resolution | None = None  # the study's minimum detectable gain
+    limit: Resolution | None = None  # the allocation limit: an oracle's even split of the same replicate trials
     rows: list[dict[str, Any]] = field(default_factory=list)  # best and baseline side by side
 
 
@@ -226,26 +263,29 @@ def summarise(data: StudyData) -> Summary:
     rows.append(_side(data, data.baseline_key, "baseline", None))
     above = _ranked_above(data, best)
     res = study_resolution(data, best)
+    limit = study_limit(data, res)
     if gain is not None and gain.low_pct is not None and gain.low_pct > 0:
         seeds = f"{gain.n} seeds" if gain.posterior else f"{gain.n} paired seeds"
         sentence = (f"{shape_label(data, best)} beats the baseline by {gain.gain_pct:.2f} % "
                     f"({gain.interval_name} [{gain.low_pct:.2f}, {gain.high_pct:.2f}], {seeds}"
-                    + (f"; minimum detectable gain {res.gain_pct:.2f} %)" if res is not None else ")"))
+                    + (f"; minimum detectable gain {res.gain_pct:.2f} %" if res is not None else "")
+                    + (f", allocation limit {limit.gain_pct:.2f} %)" if limit is not None else ")"))
     elif best == data.baseline_key:
         lead = (f"the baseline leads the race of the {len(race.candidates) - 1} best shapes"
                 if race is not None else "the baseline has the lowest expected loss" if adaptive is not None
                 else "the baseline has the lowest loss")
-        sentence = (f"no shape beats the baseline at this proxy budget: {lead}; {resolution_text(res)}; "
+        sentence = (f"no shape beats the baseline at this proxy budget: {lead}; {resolution_text(res, limit)}; "
                     f"the tied set is {tied_text}")
     else:
-        sentence = (f"no shape is distinguishable from the baseline at this proxy budget; {resolution_text(res)}; "
+        sentence = (f"no shape is distinguishable from the baseline at this proxy budget; "
+                    f"{resolution_text(res, limit)}; "
                     f"the tied set is {tied_text}")
     if above:
         sentence += f" ({len(above)} shape{'s' if len(above) > 1 else ''} above it in the leaderboard " + (
             "rest on fewer seeds and were not raced)" if race is not None and not set(above) & set(race.candidates)
             else "rest on fewer seeds)")
     sentence += kv_cache_clause(data, tied)  # grouped-query studies: the cheapest shape tied with the best
-    return Summary(counts, best, sentence, gain, tied, rows=rows, resolution=res)
+    return Summary(counts, best, sentence, gain, tied, rows=rows, resolution=res, limit=limit)
 
 
 def _ranked_above(data: StudyData, key: str) -> list[str]:

@@ -124,3 +124,62 @@ def test_before_the_noise_can_be_estimated_the_warm_up_shapes_come_first():
         order.append(key)
         trained[key].add(1)
     assert order == [BASE, "a", "b", "d", "c"] and role == "adaptive"
+
+
+def test_the_baseline_keeps_pace_with_the_pick_on_the_picks_seeds():
+    """The answer compares the pick with the baseline: once past the warm-up, the baseline trains whenever it has
+    fewer seeds (in flight included) than the pick, on the lowest seeds the pick has and it lacks (common seeds)."""
+    search = search_of(trials=8 + 40, replicates="adaptive")
+    keys = [a.key() for a in search.members()]
+    baseline = search.baseline.key()
+    means = {k: 3.0 + 0.005 * i for i, k in enumerate(keys)}
+    means[baseline], best = 3.0, next(k for k in keys[2:] if k != baseline)
+    means[best] = 2.98  # close enough at this noise that the pick does not settle: no confirm phase
+    trials = play(search, means, noise=0.1)
+    assert not any(t.user_attrs["role"] == "adaptive-confirm" for t in trials)
+    seeds: dict[str, set[int]] = {}
+    for t in trials:
+        seeds.setdefault(t.user_attrs["key"], set()).add(t.user_attrs["seed"])
+    pick = summary_of(search, trials).best
+    assert pick != baseline and len(seeds[baseline]) >= len(seeds[pick]) - 1  # in pace (one may be in flight)
+    assert seeds[pick] - seeds[baseline] <= {max(seeds[pick])}  # on the pick's seeds
+
+
+def test_next_shape_trains_the_baseline_when_it_lags_the_pick():
+    scores = scores_of({BASE: {0: 3.0, 1: 3.02}, "a": {0: 2.95, 1: 3.0, 2: 2.93, 3: 2.99}, "b": {0: 2.97, 1: 2.99},
+                        "c": {0: 3.01, 1: 3.04}, "d": {0: 3.0, 1: 2.97}, "e": {0: 3.02, 1: 3.05}})
+    trained = {k: set(s.seeds) for k, s in scores.items()}
+    state = adaptive_state(scores, BASE, 0, plug_in=True)
+    assert state.pick == "a" and not state.settled
+    assert next_shape(scores, BASE, 0, trained) == (BASE, "adaptive")
+    key, _ = next_shape(scores, BASE, 0, trained, pace=0.0)  # the pick-only allocation (figure 10's reference)
+    assert key != BASE
+    trained[BASE] |= {2, 3}  # in flight: the baseline has caught up, so the knowledge gradient chooses again
+    assert next_shape(scores, BASE, 0, trained)[0] != BASE
+
+
+def test_summarise_fits_each_variant_of_the_model_once(monkeypatch):
+    """The board, the answer's interval, its resolution and the adaptive state read one fit per variant of the
+    shrinkage model (averaged, floored for the allocation, plug-in for the resolution), not one per question."""
+    import reports.frame
+
+    search = search_of(trials=8 + 24, replicates="adaptive")
+    keys = [a.key() for a in search.members()]
+    trials = play(search, {k: 3.0 + 0.01 * i for i, k in enumerate(keys)}, noise=0.04)
+    calls: list[tuple] = []
+    real = reports.frame.fit
+
+    def counted(scores, min_tau_ratio=0.0, plug_in=False, known=None):
+        calls.append((min_tau_ratio, plug_in))
+        return real(scores, min_tau_ratio, plug_in, known)
+
+    monkeypatch.setattr(reports.frame, "fit", counted)
+    import nas.stats.adaptive
+    import nas.stats.resolution
+    import nas.stats.shrinkage
+
+    for module in (nas.stats.shrinkage, nas.stats.adaptive, nas.stats.resolution):
+        monkeypatch.setattr(module, "fit", counted)
+    summary = summary_of(search, trials)
+    assert summary.resolution is not None and summary.limit is not None
+    assert len(calls) == len(set(calls)) <= 3, calls

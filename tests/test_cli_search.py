@@ -161,9 +161,11 @@ def test_best_table_lists_every_shape_and_marks_the_baseline(small_study):
     storage, name, _ = small_study
     result = invoke("best", "--study-name", name, "--storage", storage)
     assert result.exit_code == 0, result.output
-    sentence, header, *rows = result.stdout.splitlines()
+    sentence, header, *rows, legend = result.stdout.splitlines()
+    assert legend.startswith("* the answer's interval: ")
     assert "the baseline" in sentence  # the summary sentence first, as the report says it
-    for column in ("heads", "seeds", "mean loss", "± ci95", "paired gain % (95% CI)", "tied", "params", "tok/s"):
+    for column in ("heads", "seeds", "expected gain % [95%]*", "paired gain % [95% CI]", "on base seeds", "tied",
+                   "params", "tok/s"):
         assert column in header
     assert len(rows) == 3 and sum(row.endswith("(baseline)") for row in rows) == 1
     # one study in the storage: --study-name may be left out

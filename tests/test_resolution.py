@@ -14,6 +14,7 @@ from nas.arch import uniform
 from nas.stats.mixed_model import design_sums, solve
 from nas.stats.resolution import detectable_gain, gain_design, posterior_resolution, power, seeds_needed
 from nas.stats.scores import ShapeScores
+from nas.stats.shrinkage import credible_quantile
 from nas.study.records import shape_attrs
 from reports.frame import read_study
 from reports.summary import summarise
@@ -100,7 +101,8 @@ def test_a_shrunk_gains_credible_interval_detects_its_minimum_detectable_gain_80
     assert design is not None and 0 < design.g < 1 and 0 < design.c2 < design.q  # shrinkage keeps part of a gain
     res = posterior_resolution(design, 12, 2, 0.05, 3.0)
     assert res is not None and res.baseline_n == 2 and "credible interval" in res.text()
-    half = stats.norm.ppf(0.975) * math.sqrt(design.s2 * design.q)
+    quantile = credible_quantile(design.df)  # the interval's own: Student t at the residual df
+    half = quantile * math.sqrt(design.s2 * design.q)
     lead, base = keys.index("lead"), keys.index("base")
 
     def detected(delta: float, draws: int = 20_000) -> float:
@@ -115,5 +117,22 @@ def test_a_shrunk_gains_credible_interval_detects_its_minimum_detectable_gain_80
     assert detected(res.gain) == pytest.approx(0.8, abs=0.01)  # 20k draws: se 0.003
     # no gain: the credible interval is wider than its estimate's own spread (c2 < q), so it claims a gain less
     # often than a t test's alpha / 2, exactly Phi(-z sqrt(q / c2))
-    no_gain = float(stats.norm.sf(stats.norm.ppf(0.975) * math.sqrt(design.q / design.c2)))
+    no_gain = float(stats.norm.sf(quantile * math.sqrt(design.q / design.c2)))
     assert detected(0.0) == pytest.approx(no_gain, abs=0.002) and no_gain < 0.025
+
+
+def test_the_allocation_limit_is_an_even_split_of_the_replicates_on_common_seeds():
+    """An oracle that knew the pick splits 71 replicate trials between it and the baseline: 36 paired seeds with the
+    first pass's. At the default proxy's paired sd (0.108 nats) that detects about 1.7 % of a 2.95 loss."""
+    from nas.stats.resolution import allocation_limit, detectable_gain
+
+    limit = allocation_limit(0.108, 71, 0.05, 2.95)
+    assert limit.n == 36 and limit.gain == pytest.approx(detectable_gain(0.108, 36, 0.05))
+    assert 1.6 < limit.gain_pct < 1.9
+    assert allocation_limit(0.108, 1, 0.05, 2.95) is None and allocation_limit(None, 71, 0.05, 2.95) is None
+    # the sentence states it beside the study's own minimum detectable gain
+    summary = summarise(read_study(known_noise_study(paired_sd=0.05, seeds=6)))
+    assert summary.resolution is not None and summary.limit is not None  # 20 replicate trials: 11 paired seeds
+    assert summary.limit.n == 11 and summary.limit.gain <= summary.resolution.gain
+    assert f"allocation limit at this noise and 20 replicate trials is {summary.limit.gain_pct:.2f} %" in \
+        summary.sentence

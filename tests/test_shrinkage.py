@@ -9,6 +9,7 @@ from statistics import fmean
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from nas.stats.scores import ShapeScores, seed_adjusted_means
 from nas.stats.shrinkage import fit, ranked_losses, ranking, shrunk_gains
@@ -140,7 +141,7 @@ def test_a_study_with_more_seeds_than_shapes_eliminates_the_seeds_and_gets_the_s
     gains, _ = shrunk_gains(scores_of(table), BASE)
     b = model.keys.index(BASE)
     for k, key in enumerate(model.keys):
-        half = 1.959964 * math.sqrt(cov[k, k] + cov[b, b] - 2 * cov[k, b])
+        half = stats.t.ppf(0.975, model.df) * math.sqrt(cov[k, k] + cov[b, b] - 2 * cov[k, b])  # s2 integrated
         theta = mean[k] - mean[b]
         assert (gains[key].low, gains[key].high) == pytest.approx((theta - half, theta + half), abs=1e-6)
     draws = model.draws(np.random.default_rng(0), 40_000)  # (n, S)
@@ -160,7 +161,7 @@ def test_the_posterior_solves_the_mixed_model_equations():
         k = keys.index(key)
         theta = m[key] - m[BASE]
         var = cov[k, k] + cov[b, b] - 2 * cov[k, b]
-        half = 1.959964 * math.sqrt(var) if key != BASE else 0.0
+        half = stats.t.ppf(0.975, model.df) * math.sqrt(var) if key != BASE else 0.0  # Student t at the REML df
         assert (gains[key].posterior, gains[key].low, gains[key].high) == pytest.approx(
             (theta, theta - half, theta + half), abs=1e-6)
     # b's one seed is 0.15 below the baseline's seed 0, a's four seeds 0.13 below theirs: a ranks first, and b's

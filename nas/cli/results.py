@@ -55,15 +55,16 @@ def best(
     top: TopOpt = 10,
     format: Annotated[TableOrJson, typer.Option("--format", help="Output format.")] = TableOrJson.table,
 ) -> None:
-    """The leaderboard: shape, expected gain (the rank: the paired gain over the baseline shrunk by what the shape's
-    seeds support), seed-adjusted loss, mean loss ± 95% CI over seeds, paired gain over the baseline with its
-    interval, whether it is tied with the best, parameters, tokens/s. JSON rows are valid
-    `nas train --config` files."""
+    """The leaderboard: shape, the two gains over the baseline (the answer's interval first and starred: the expected
+    gain, the paired gain shrunk by what the shape's seeds support, with its credible interval after adaptive
+    replicates; the paired t interval on common seeds after a race or fixed replicates), the loss on the seeds the
+    baseline trained too, the seed-adjusted loss, whether it is tied with the best, parameters, tokens/s. JSON rows are
+    valid `nas train --config` files."""
     from nas.study.storage import load_existing_study
     from reports.export import export_rows
     from reports.frame import read_study
     from reports.leaderboard import expected_gain_text
-    from reports.summary import summarise
+    from reports.summary import allocated_adaptively, summarise
 
     if top < 1:
         raise UsageError(f"--top {top} is invalid: give at least 1")
@@ -83,24 +84,35 @@ def best(
         return f" {r['kv_heads'] or '':<20} {r['kv_cache_bytes_per_token'] or 0:>8,}" if grouped else ""
 
     kv_head = f" {'kv heads':<20} {'KV B/tok':>8}" if grouped else ""
+    adaptive = allocated_adaptively(data)
+    first, second = ("expected gain % [95%]*", "paired gain % [95% CI]") if adaptive else \
+        ("paired gain % [95% CI]*", "expected gain % [95%]")
     typer.echo(f"{'rank':>4}  {'heads':<28}{kv_head} {'K':>2} {'d_h':>5} {'d':>5} {'L':>3} {'seeds':>5}  "
-               f"{'expected gain % [95%]':>24} {'adj. loss':>9} {'mean loss':>9} {'± ci95':>7} "
-               f"{'paired gain % (95% CI)':>26} {'tied':>4} {'params':>10} {'tok/s':>7}")
+               f"{first:>26} {second:>26} {'on base seeds':>13} {'adj. loss':>9} {'tied':>4} {'params':>10} "
+               f"{'tok/s':>7}")
 
     def expected(r: dict) -> str:
         return expected_gain_text(SimpleNamespace(**r)).replace(" %", "")
 
+    def paired(r: dict) -> str:
+        if r["paired_gain_low"] is not None:
+            return f"{r['paired_gain_pct']:+.2f} [{r['paired_gain_low']:+.2f}, {r['paired_gain_high']:+.2f}]"
+        if r["paired_gain_pct"] is not None:
+            return f"{r['paired_gain_pct']:+.2f} (1 paired seed)"
+        return "-"
+
     for r in rows:
-        ci = f"{r['ci95']:.4f}" if r["ci95"] is not None else "-"
-        gain = (f"{r['paired_gain_pct']:+.2f} [{r['paired_gain_low']:+.2f}, {r['paired_gain_high']:+.2f}]"
-                if r["paired_gain_low"] is not None else
-                f"{r['paired_gain_pct']:+.2f} (1 seed)" if r["paired_gain_pct"] is not None else "-")
         tag = "  (baseline)" if r["is_baseline"] else ""
         tied = "yes" if r["tied_with_best"] else ""
+        on_base = f"{r['loss_on_baseline_seeds']:.4f}" if r["loss_on_baseline_seeds"] is not None else "-"
+        gains = (expected(r), paired(r)) if adaptive else (paired(r), expected(r))
         typer.echo(f"{r['rank']:>4}  {r['heads']:<28}{kv(r)} {r['k']:>2} {r['d_h']:>5} {r['d_model']:>5} "
-                   f"{r['layers']:>3} {r['seeds']:>5}  {expected(r):>24} {r['adjusted_loss']:>9.4f} "
-                   f"{r['mean_loss']:>9.4f} {ci:>7} {gain:>26} {tied:>4}"
-                   f" {r['params']:>10} {r['tokens_per_s'] or 0:>7.0f}{tag}")
+                   f"{r['layers']:>3} {r['seeds']:>5}  {gains[0]:>26} {gains[1]:>26} {on_base:>13} "
+                   f"{r['adjusted_loss']:>9.4f} {tied:>4} {r['params']:>10} {r['tokens_per_s'] or 0:>7.0f}{tag}")
+    answers = "the 95 % credible interval of the expected gain" if adaptive else \
+        "the 95 % paired t interval on common seeds"
+    typer.echo(f"* the answer's interval: {answers}; the other gain column is per shape and ignores the choice of "
+               "the best; 'on base seeds': the loss on the seeds the baseline trained too")
 
 
 @app.command()

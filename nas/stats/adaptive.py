@@ -54,12 +54,16 @@ def draws_for(shapes: int, draws: int = DRAWS) -> int:
 
 
 def adaptive_state(scores: dict[str, ShapeScores], baseline: str, base_seed: int,
-                   draws: int = DRAWS, plug_in: bool = False) -> AdaptiveState:
-    """The pick (the board's rank 1: ``nas.stats.shrinkage.rank_shapes``), P(best) per shape and the credible set."""
+                   draws: int = DRAWS, plug_in: bool = False, board: Fit | None = None,
+                   floored: Fit | None = None) -> AdaptiveState:
+    """The pick (the board's rank 1: ``nas.stats.shrinkage.rank_shapes``), P(best) per shape and the credible set.
+
+    ``board``: the board's fit (``fit(scores)``) and ``floored``: ``fit(scores, MIN_TAU_RATIO, plug_in)``, when the
+    caller has them already (a reader fits each once)."""
     if not scores:
         return AdaptiveState(None, {}, (), None)
-    pick = rank_shapes(scores, baseline).order[0]
-    model = fit(scores, MIN_TAU_RATIO, plug_in=plug_in)
+    pick = rank_shapes(scores, baseline, board).order[0]
+    model = floored if floored is not None else fit(scores, MIN_TAU_RATIO, plug_in=plug_in)
     samples = model.draws(rng_for(scores, base_seed), draws_for(len(scores), draws)) if model else None
     if model is None or samples is None:
         return AdaptiveState(pick, {}, (pick,), model)

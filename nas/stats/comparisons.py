@@ -52,7 +52,8 @@ class PairedGain:
 
     def interval_text(self) -> str:
         if self.low_pct is None:
-            return f"{self.gain_pct:+.2f} % (no interval: {self.n} seed)"
+            why = "1 paired seed: an interval needs 2" if self.n < 2 else f"{self.n} seeds"
+            return f"{self.gain_pct:+.2f} % (no interval: {why})"
         return f"{self.gain_pct:+.2f} % ({self.interval_name} [{self.low_pct:+.2f}, {self.high_pct:+.2f}], n={self.n})"
 
 

@@ -40,7 +40,7 @@ import numpy as np
 from scipy import optimize, stats
 
 from nas.stats.scores import ShapeScores
-from nas.stats.shrinkage import fit
+from nas.stats.shrinkage import Fit, credible_quantile, fit
 
 POWER = 0.8
 TARGET_SHARES = (0.01, 0.005)  # the gains (as shares of the baseline's loss) whose seed counts every answer gives
@@ -125,10 +125,10 @@ def _seeds(n: int | None) -> str:
 
 def resolution(sd: float | None, pooled_df: int, n: int, alpha: float, baseline_loss: float) -> Resolution | None:
     """The ``Resolution`` for a leader with ``n`` paired seeds; None without an sd (no shape has two common seeds
-    with the baseline yet) or without a paired seed. One paired seed tests with the pool's ``df``."""
-    if sd is None or n < 1 or pooled_df < 1 or baseline_loss <= 0:
+    with the baseline yet) or with fewer than two paired seeds (the answer gives no interval on one)."""
+    if sd is None or n < 2 or pooled_df < 1 or baseline_loss <= 0:
         return None
-    df = n - 1 if n >= 2 else pooled_df
+    df = n - 1
     return Resolution(n, sd, df, alpha, baseline_loss, detectable_gain(sd, n, alpha, df),
                       {share: seeds_needed(share * baseline_loss, sd, alpha) for share in TARGET_SHARES})
 
@@ -153,11 +153,14 @@ class GainDesign:
     q: float
     g: float
     c2: float
+    df: int = 0  # residual degrees of freedom of s2: the interval's quantile is Student t's (0: the normal one)
 
 
-def gain_design(scores: dict[str, ShapeScores], key: str, baseline_key: str) -> GainDesign | None:
-    """``key``'s ``GainDesign`` at the REML estimate (``fit(plug_in=True)``); None while nothing is shrunk."""
-    model = fit(scores, plug_in=True)
+def gain_design(scores: dict[str, ShapeScores], key: str, baseline_key: str,
+                model: Fit | None = None) -> GainDesign | None:
+    """``key``'s ``GainDesign`` at the REML estimate (``fit(plug_in=True)``, or ``model`` when given); None while
+    nothing is shrunk."""
+    model = model if model is not None else fit(scores, plug_in=True)
     if model is None or not model.components or key not in scores or baseline_key not in scores:
         return None
     c = max(model.components, key=lambda c: c.weight)
@@ -167,7 +170,7 @@ def gain_design(scores: dict[str, ShapeScores], key: str, baseline_key: str) -> 
     v = e / c.sol.d + c.sol.r @ (c.sol.inverse @ (c.sol.r.T @ e))  # (S,): Cov(m) e / s2
     lam = math.exp(c.log_lam)
     q = float(v[k] - v[b])
-    return GainDesign(c.s2, lam, q, float(1 - lam * v[k]), max(0.0, q - lam * float(v @ v)))
+    return GainDesign(c.s2, lam, q, float(1 - lam * v[k]), max(0.0, q - lam * float(v @ v)), model.df)
 
 
 def posterior_resolution(design: GainDesign | None, n: int, baseline_n: int, alpha: float,
@@ -177,8 +180,20 @@ def posterior_resolution(design: GainDesign | None, n: int, baseline_n: int, alp
     sd ``sqrt(2 s2)``. None without a design or when the shrinkage keeps nothing of a gain."""
     if design is None or design.g <= 0 or baseline_loss <= 0:
         return None
-    z = stats.norm.ppf(1 - alpha / 2)
+    z = credible_quantile(design.df, alpha)  # the interval's own quantile (nas.stats.shrinkage.Fit.quantile)
     gain = (z * math.sqrt(design.s2 * design.q) + stats.norm.ppf(POWER) * math.sqrt(design.s2 * design.c2)) / design.g
     sd = math.sqrt(2 * design.s2)
     return Resolution(n, sd, 0, alpha, baseline_loss, float(gain),
                       {share: seeds_needed(share * baseline_loss, sd, alpha) for share in TARGET_SHARES}, baseline_n)
+
+
+def allocation_limit(sd: float | None, replicate_trials: int, alpha: float, baseline_loss: float) -> Resolution | None:
+    """The yardstick of an allocation: the minimum detectable gain of an oracle that knew the pick before the replicates
+    and split the study's ``replicate_trials`` evenly between it and the baseline on common seeds (with the first
+    pass's common seed, ``n = 1 + replicate_trials // 2`` paired seeds), tested by the paired t interval at ``alpha``
+    with the study's own paired sd. At the default proxy's paired sd (0.108 nats) and 71 replicate trials it is
+    about 1.7 % of the baseline's loss. None without an sd or a replicate."""
+    if sd is None or sd <= 0 or replicate_trials < 2 or baseline_loss <= 0:
+        return None
+    n = 1 + replicate_trials // 2
+    return resolution(sd, n - 1, n, alpha, baseline_loss)

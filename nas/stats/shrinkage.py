@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from statistics import NormalDist
 
 import numpy as np
+from scipy import stats
 
 from nas.stats.comparisons import ALPHA
 from nas.stats.mixed_model import Likelihood, Solution, design_sums, solve
@@ -129,6 +130,14 @@ class Fit:
     m: np.ndarray  # (S,) shape levels (posterior means; the fixed-effects fit when nothing is shrunk)
     prior: Prior
     components: tuple[Component, ...] = ()
+    df: int = 0  # the residual degrees of freedom of s2 (scores - seeds); 0: s2 known (no t widening)
+
+    @property
+    def quantile(self) -> float:
+        """The two-sided 95 % quantile of a shape level's posterior: Student t with ``df`` (``s2`` integrated over
+        its posterior under the prior 1 / s2, as REML estimates it from ``df`` residual degrees of freedom), the
+        normal one when ``s2`` is known."""
+        return credible_quantile(self.df)
 
     def variances(self, b: int) -> np.ndarray | None:
         """Posterior variance of every ``m_k - m_b``, ``(S,)``, by the law of total variance over the components:
@@ -182,7 +191,13 @@ class Fit:
 
 
 
-def fit(scores: dict[str, ShapeScores], min_tau_ratio: float = 0.0, plug_in: bool = False) -> Fit | None:
+def credible_quantile(df: int, alpha: float = ALPHA) -> float:
+    """``t_{1 - alpha/2, df}`` (``Z`` for ``df`` <= 0: a known ``s2``)."""
+    return float(stats.t.ppf(1 - alpha / 2, df)) if df > 0 else Z
+
+
+def fit(scores: dict[str, ShapeScores], min_tau_ratio: float = 0.0, plug_in: bool = False,
+        known: tuple[float, float] | None = None) -> Fit | None:
     """The two-way model fitted to every shape's per-seed scores (a seed trained twice counts with its mean).
 
     The posterior averages over ``lambda = s2 / tau^2`` (module docstring): a flat prior on ``log lambda`` over
@@ -191,7 +206,9 @@ def fit(scores: dict[str, ShapeScores], min_tau_ratio: float = 0.0, plug_in: boo
     a likelihood that favours no spread early in a study (one seed a shape, a noisy ``s2``) does not freeze every
     shape at one level and stop the search exploring. ``plug_in``: the posterior at the REML estimate alone (one
     component, empirical Bayes), the allocation's; narrower than the average, so its intervals under-cover
-    (figure 10), but it spends replicates on fewer shapes."""
+    (figure 10), but it spends replicates on fewer shapes. ``known`` (tau, sigma): the posterior at those variance
+    components, estimated from nothing (``benchmarks/ranking_simulation.py`` plugs in its truth to separate how the
+    components are estimated from how the pick is selected)."""
     keys = list(scores)
     seeds = sorted({s for shape in scores.values() for s in shape.seeds})
     if not keys:
@@ -205,6 +222,11 @@ def fit(scores: dict[str, ShapeScores], min_tau_ratio: float = 0.0, plug_in: boo
         fixed = solve(design_sums(shape, seed, y, len(keys), len(seeds)), 0.0)
         return Fit(keys, fixed.m, Prior(0.0, None, len(keys)))
     likelihood = Likelihood(shape, seed, y, len(keys), len(seeds))
+    if known is not None:
+        tau, sigma = known
+        log_lam = math.log(sigma**2 / max(tau, 1e-12) ** 2)
+        sol = likelihood.at(log_lam)[2]
+        return Fit(keys, sol.m, Prior(tau, sigma, len(keys)), (Component(log_lam, 1.0, sigma**2, sol),), 0)
     cap = -2 * math.log(min_tau_ratio) if min_tau_ratio > 0 else math.inf  # tau >= r sigma <=> log lam <= -2 log r
     grid = LOG_LAMBDA_GRID[LOG_LAMBDA_GRID <= cap]
     if len(grid) == 0 or grid[-1] < min(cap, LOG_LAMBDA_GRID[-1]):
@@ -225,16 +247,16 @@ def fit(scores: dict[str, ShapeScores], min_tau_ratio: float = 0.0, plug_in: boo
     tau2 = 0.0 if at_the_end else s2_mode / math.exp(log_lam)  # flattest at no spread: tau^2 = 0
     prior = Prior(math.sqrt(tau2), math.sqrt(s2_mode), len(keys))
     if plug_in and not at_the_end:
-        return Fit(keys, mode_sol.m, prior, (Component(log_lam, 1.0, s2_mode, mode_sol),))
-    return Fit(keys, m, prior, components)
+        return Fit(keys, mode_sol.m, prior, (Component(log_lam, 1.0, s2_mode, mode_sol),), likelihood.df)
+    return Fit(keys, m, prior, components, likelihood.df)
 
 
-def shrunk_gains(scores: dict[str, ShapeScores],
-                 baseline_key: str | None) -> tuple[dict[str, ShrunkGain], Prior | None]:
+def shrunk_gains(scores: dict[str, ShapeScores], baseline_key: str | None,
+                 known: tuple[float, float] | None = None) -> tuple[dict[str, ShrunkGain], Prior | None]:
     """Every shape's ``ShrunkGain`` (the baseline's is 0 by definition) and the variance components used."""
     if baseline_key is None or baseline_key not in scores:
         return {}, None
-    model = fit(scores)
+    model = fit(scores, known=known)
     if model is None:
         return {}, None
     return _gains_of(model, scores, baseline_key), model.prior
@@ -253,18 +275,20 @@ def _gains_of(model: Fit, scores: dict[str, ShapeScores], baseline_key: str) -> 
             out[key] = ShrunkGain(scores[key].n, raw, raw, None, None, 1.0)
             continue
         posterior = float(model.m[k] - model.m[b])
-        half = Z * math.sqrt(max(0.0, float(variances[k]))) if variances is not None else 0.0
+        half = model.quantile * math.sqrt(max(0.0, float(variances[k]))) if variances is not None else 0.0
         out[key] = ShrunkGain(scores[key].n, raw, posterior, posterior - half, posterior + half,
                               model.prior.weight(scores[key].n))
     return out
 
 
-def rank_shapes(scores: dict[str, ShapeScores], baseline_key: str | None) -> Ranking:
+def rank_shapes(scores: dict[str, ShapeScores], baseline_key: str | None, model: Fit | None = None) -> Ranking:
     """The board in one fit: shapes best first by ``L_base + E[theta_s]`` (module docstring; every shape of a study
-    without a baseline keeps its plain mean), ties broken by the seed-adjusted loss, then by the plain mean."""
+    without a baseline keeps its plain mean), ties broken by the seed-adjusted loss, then by the plain mean.
+    ``model``: a fit of these scores already made (``fit(scores)``), so a reader fits once."""
     adjusted = seed_adjusted_means(scores, baseline_key)
-    model = fit(scores) if baseline_key in scores else None
-    if model is None:
+    if model is None and baseline_key in scores:
+        model = fit(scores)
+    if model is None or baseline_key not in scores:
         order = sorted(scores, key=lambda k: (adjusted[k], scores[k].mean))
         return Ranking(order, adjusted, {}, None)
     gains = _gains_of(model, scores, baseline_key)  # type: ignore[arg-type]

@@ -48,25 +48,30 @@ seed) is trained twice.
 from __future__ import annotations
 
 from nas.stats.adaptive import PLANNING_DRAWS, adaptive_state, knowledge_gradient
-from nas.stats.scores import ShapeScores, seed_adjusted_means
+from nas.stats.scores import ShapeScores
+from nas.stats.shrinkage import rank_shapes
 
 WARMUP = 4  # first-pass best shapes that, with the baseline, open the second seed
+# the baseline trains whenever it has fewer than this many times the pick's seeds (in flight included): the
+# answer's sentence compares the two, and its interval is set by the scarcer of them (module docstring)
+BASELINE_PACE = 1.0
 
 
 def warmup_shapes(scores: dict[str, ShapeScores], baseline: str) -> tuple[str, ...]:
-    """The baseline and the ``WARMUP`` best shapes by seed-adjusted loss: the second seed's shapes."""
-    adjusted = seed_adjusted_means(scores, baseline)
-    others = sorted((k for k in scores if k != baseline), key=lambda k: (adjusted[k], scores[k].first_trial))
+    """The baseline and the ``WARMUP`` best shapes of the board (the shrunk ranking every reader shows): the second
+    seed's shapes."""
+    others = [k for k in rank_shapes(scores, baseline).order if k != baseline]
     return (baseline, *others[:WARMUP]) if baseline in scores else tuple(others[:WARMUP + 1])
 
 
 def next_shape(scores: dict[str, ShapeScores], baseline: str, base_seed: int,
-               trained: dict[str, set[int]]) -> tuple[str, str]:
+               trained: dict[str, set[int]], pace: float = BASELINE_PACE) -> tuple[str, str]:
     """(shape, role) to train next; ``trained`` maps a shape to the seeds it has trained, is training or has queued.
 
     Warm-up shapes missing the second seed first; then, once the pick is settled, the pick and the baseline
-    alternately (fewest seeds first); else the knowledge gradient (its ``pending``: the seeds in ``trained``
-    without a score, in flight or failed)."""
+    alternately (fewest seeds first); else the baseline when it has fewer than ``pace`` times the pick's seeds
+    (the sentence compares the two: ``BASELINE_PACE``); else the knowledge gradient (its ``pending``: the seeds in
+    ``trained`` without a score, in flight or failed). ``pace`` 0 is the allocation for the pick alone."""
     second = base_seed + 1
     waiting = [k for k in warmup_shapes(scores, baseline) if second not in trained.get(k, set())]
     if waiting:
@@ -78,6 +83,9 @@ def next_shape(scores: dict[str, ShapeScores], baseline: str, base_seed: int,
     if state.settled and state.pick is not None:
         pair = [k for k in (state.pick, baseline) if k in scores]
         return min(pair, key=lambda k: (len(trained.get(k, ())), pair.index(k))), "adaptive-confirm"
+    if pace > 0 and state.pick not in (None, baseline) and baseline in scores \
+            and len(trained.get(baseline, ())) < pace * len(trained.get(state.pick, ())):  # type: ignore[arg-type]
+        return baseline, "adaptive"
     return knowledge_gradient(state, pending), "adaptive"
 
 
