@@ -17,11 +17,12 @@ import pandas as pd
 import plotly.graph_objects as go
 from optuna.trial import TrialState
 
-from nas.stats.comparisons import kendall_tau
+from nas.stats.comparisons import kendall_tau, paired_gain
+from nas.stats.scores import ShapeScores
 from nas.study.records import RERUN_MARK
 from reports.frame import StudyData
 from reports.page import Section, plot_text, table, text
-from reports.summary import shape_label
+from reports.summary import shape_label, summarise
 
 
 def read_reruns(storage: optuna.storages.BaseStorage | str, proxy_study: str) -> pd.DataFrame | None:
@@ -40,6 +41,36 @@ def read_reruns(storage: optuna.storages.BaseStorage | str, proxy_study: str) ->
     return pd.DataFrame(rows) if rows else None
 
 
+def full_scores(runs: pd.DataFrame) -> dict[str, ShapeScores]:
+    """The re-runs' scores per proxy shape (seeds and losses), as the statistics read a study's."""
+    out = {}
+    for key, group in runs.groupby("proxy_key"):
+        group = group.sort_values("seed")
+        out[str(key)] = ShapeScores(str(key), tuple(range(len(group))), tuple(int(s) for s in group["seed"]),
+                                    tuple(float(v) for v in group["val_loss"]))
+    return out
+
+
+def held_text(data: StudyData, runs: pd.DataFrame, preset: str) -> str:
+    """Whether the answer's pick kept its gain over the baseline at full length: its paired gain on the re-runs'
+    common seeds with the 95 % interval (held: the interval above 0; reversed: below; else not resolved)."""
+    pick = summarise(data).best
+    scores = full_scores(runs)
+    if pick is None or pick == data.baseline_key:
+        return "the proxy's answer picked the baseline: no gain to check"
+    if pick not in scores or data.baseline_key not in scores:
+        return f"the pick ({shape_label(data, pick)}) and the baseline were not both re-run at {preset}"
+    gain = paired_gain(scores[pick], scores[data.baseline_key])  # type: ignore[index]
+    if gain is None:
+        return f"the pick and the baseline share no seed at {preset}"
+    if gain.low_pct is None:
+        return (f"the pick ({shape_label(data, pick)}) at full length: {gain.gain_pct:+.2f} % over the baseline on "
+                f"{gain.n} common seed (an interval needs 2)")
+    verdict = "held" if gain.low_pct > 0 else "reversed" if gain.high_pct < 0 else "not resolved at this many seeds"
+    return (f"the pick ({shape_label(data, pick)}) at full length: {gain.gain_pct:+.2f} % over the baseline (95 % "
+            f"CI [{gain.low_pct:+.2f}, {gain.high_pct:+.2f}], {gain.n} paired seeds): the proxy's gain {verdict}")
+
+
 def reruns_section(data: StudyData) -> Section:
     section = Section("reruns", "Full-scale re-runs",
                       "Read off whether the proxy's ranking held when the best shapes and the baseline were trained "
@@ -53,7 +84,8 @@ def reruns_section(data: StudyData) -> Section:
         full = {key: list(group["val_loss"]) for key, group in runs.groupby("proxy_key")}
         proxy = {key: list(data.scores[key].losses) for key in full if key in data.scores}
         agreement = kendall_tau(proxy, full)
-        proxy_rank = {key: i for i, key in enumerate(sorted(proxy, key=lambda k: fmean(proxy[k])), start=1)}
+        board_rank = dict(zip(data.board["key"], data.board["rank"])) if not data.board.empty else {}
+        proxy_rank = {key: int(board_rank[key]) for key in proxy if key in board_rank}  # the board's (shrunk) rank
         full_rank = {key: i for i, key in enumerate(sorted(full, key=lambda k: fmean(full[k])), start=1)}
         rows = [{"shape": shape_label(data, key) + (" (baseline)" if key == data.baseline_key else ""),
                  "proxy rank": proxy_rank.get(key), "proxy mean loss": fmean(proxy[key]) if key in proxy else None,
@@ -65,12 +97,13 @@ def reruns_section(data: StudyData) -> Section:
                    f"[{agreement.low:+.2f}, {agreement.high:+.2f}] over seeds, {agreement.n_shapes} shapes); "
                    f"top-{agreement.top_k} overlap {agreement.top_overlap} of {agreement.top_k}"
                    if agreement else f"preset {preset}: fewer than 2 shapes with both proxy and full results")
+        verdict += "; " + held_text(data, runs, preset)
         formats = {"proxy mean loss": "{:.4f}", "full mean loss": "{:.4f}", "tokens/s": "{:,.0f}"}
         section.html += f'<p class="verdict">{text(verdict)}</p>' + table(rows, formats=formats)
         if proxy:
             fig = go.Figure(go.Scatter(
                 x=[fmean(proxy[k]) for k in proxy], y=[fmean(full[k]) for k in proxy], mode="markers+text",
-                text=[str(proxy_rank[k]) for k in proxy], textposition="top center",
+                text=[str(proxy_rank.get(k, "")) for k in proxy], textposition="top center",
                 hovertext=[plot_text(shape_label(data, k)) for k in proxy], name=str(preset)))
             fig.update_xaxes(title_text="proxy mean validation loss")
             fig.update_yaxes(title_text=f"full-scale mean validation loss ({plot_text(preset)})")
