@@ -67,7 +67,8 @@ class SpaceOptions:
 
 
 def _given(opts: SpaceOptions, names: tuple[str, ...]) -> list[str]:
-    return ["--" + n.replace("_", "-") for n in names if getattr(opts, n) not in (None, False)]
+    # `is`, not `in`: 0 == False, and --kv-max-plateau 0 is a value given (and a bad one)
+    return ["--" + n.replace("_", "-") for n in names if getattr(opts, n) is not None and getattr(opts, n) is not False]
 
 
 def _kwargs(opts: SpaceOptions, names: tuple[str, ...]) -> dict[str, object]:

@@ -124,6 +124,20 @@ def test_nas_space_with_bad_hourglass_options(workdir, args):
     check_usage_error(workdir, ["space", "count", "--space", "hourglass", *args])
 
 
+KV_OPTIONS = {  # grouped-query attention: each value is wrong whatever comes with it
+    "--kv-groups": st.sampled_from(["", "0", "5", "24", "x", "-2", "2,,4", "1", "1.5", "☃", "99999"]),
+    "--min-kv-heads": st.sampled_from(NEG_ZERO + ["13"] + WEIRD),
+    "--kv-min-plateau": st.sampled_from(NEG_ZERO + WEIRD), "--kv-max-plateau": st.sampled_from(NEG_ZERO + WEIRD),
+}
+
+
+@FUZZ
+@given(space=st.sampled_from(["prism", "hourglass", "joint"]), args=broken(KV_OPTIONS),
+       mode=st.sampled_from([[], ["--kv-schedule"]]))
+def test_nas_space_with_bad_grouped_query_options(workdir, space, args, mode):
+    check_usage_error(workdir, ["space", "count", "--space", space, *mode, *args])
+
+
 SEARCH_OPTIONS = {
     "--trials": bad_count(), "--workers": st.sampled_from(NEG_ZERO + HUGE + WEIRD + ["257"]),
     "--threads": st.sampled_from(["-1", "-9", "5000"] + HUGE + WEIRD), "--tokens": bad_size(),
