@@ -31,7 +31,9 @@ PARSE_ONLY = ("dashboard", "bench", "cuda", "postgresql://", "gpu-", "gpt2-", "t
 def doc_commands() -> list[str]:
     commands: dict[str, None] = {}
     for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
-        for block in re.findall(r"```(?:bash|sh)?\n(.*?)```", path.read_text(), re.S):
+        # a fence opens at the start of a line; ``text`` and other languages' blocks are skipped whole
+        shell = re.sub(r"^```(?!bash\n|sh\n)\w+\n.*?^```", "", path.read_text(), flags=re.S | re.M)
+        for block in re.findall(r"^```(?:bash|sh)?\n(.*?)^```", shell, re.S | re.M):
             for line in block.replace("\\\n", " ").splitlines():
                 line = re.split(r"\s+#", line.strip())[0].strip()
                 if line.startswith("nas "):

@@ -101,6 +101,10 @@ def test_the_report_draws_loss_against_kv_cache_and_the_answer_names_the_cheapes
     assert by_key[mqa.key()]["kv_heads"] == "1x4" and by_key[mqa.key()]["kv_cache_bytes_per_token"] == 128
     assert by_key[BASE.key()]["kv_cache_bytes_per_token"] == 512
     assert by_key[mqa.key()]["arch"]["kv_heads"] == [1] * 4  # a row is a nas train --config
+    from reports.dashboard_note import note_text
+
+    note = note_text(data)  # optuna-dashboard's note: the same sentence, the shapes with their key/value heads
+    assert "kv=1x4" in note and "the cheapest shape tied with the best" in note
 
 
 def test_a_study_without_grouped_shapes_has_no_kv_section_and_keeps_its_sentence():
