@@ -375,3 +375,31 @@ def test_a_study_keeps_its_replicates_policy_when_resumed_with_another(tmp_path)
     assert "was begun with --replicates race; it continues with it, not fixed" in again.stderr, again.stderr
     study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 'nas.db'}")
     assert study.user_attrs["nas:replicates"] == "race"
+
+
+def test_inspecting_a_storage_never_releases_the_locks_this_process_holds_on_it(tmp_path):
+    """The storage is inspected through SQLite only: closing any other descriptor of the file (reading its header
+    with open()) released every POSIX lock this process held on it, so another process's writer went ahead beside
+    ours and a search with two workers corrupted its database ("database disk image is malformed")."""
+    import sys
+
+    from nas.study.sqlite_file import inspect_sqlite
+    from nas.study.storage import make_storage
+
+    path = tmp_path / "held.db"
+    make_storage(f"sqlite:///{path}")  # Optuna's tables, WAL
+    reader = sqlite3.connect(path, timeout=0, isolation_level=None)
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM studies").fetchone()  # a read in WAL mode: a shared lock on the file
+    try:
+        inspect_sqlite(path, "storage file")
+        make_storage(f"sqlite:///{path}", read_only=True)
+        # leaving WAL needs the file to itself: refused while this process's lock still stands
+        probe = ("import sqlite3, sys\nc = sqlite3.connect(sys.argv[1], timeout=0)\n"
+                 "try:\n    print(c.execute('PRAGMA journal_mode=DELETE').fetchone()[0])\n"
+                 "except sqlite3.OperationalError as e:\n    print(e)\n")
+        other = subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True, text=True, timeout=60)
+        assert other.stdout.strip() == "database is locked", other.stdout + other.stderr
+    finally:
+        reader.execute("ROLLBACK")
+        reader.close()

@@ -22,7 +22,6 @@ from pathlib import Path
 from nas.errors import UsageError
 from nas.files import kind_of, reason, show
 
-SQLITE_HEADER = b"SQLite format 3\x00"
 OPTUNA_TABLES = frozenset({"studies", "trials", "version_info", "alembic_version"})
 
 
@@ -82,14 +81,10 @@ def inspect_sqlite(path: Path, what: str) -> SqliteFile:
         raise UsageError(f"{what} {show(path)} is {kind_of(info.st_mode)}, not an SQLite database file")
     if info.st_size == 0:
         return SqliteFile(path, exists=True)
-    try:
-        with open(path, "rb") as file:
-            header = file.read(len(SQLITE_HEADER))
-    except OSError as error:
-        raise UsageError(f"cannot read {what} {show(path)}: {reason(error)}") from None
-    if header != SQLITE_HEADER:
-        raise UsageError(f"{what} {show(path)} is not an SQLite database (it starts with {header[:12]!r}): give "
-                         "the file `nas search` made, or a new name")
+    # The file is read through SQLite only, never opened by this process otherwise: closing any other descriptor of
+    # a database file releases every POSIX lock the process holds on it, and a search's writers then corrupt it
+    # ("How To Corrupt An SQLite Database File", sqlite.org, 2.2). A header that is not SQLite's is SQLite's
+    # "file is not a database".
     immutable = not os.access(path.parent if str(path.parent) else Path("."), os.W_OK | os.X_OK)
     try:
         return _read_tables(path, immutable)
@@ -98,6 +93,9 @@ def inspect_sqlite(path: Path, what: str) -> SqliteFile:
             raise UsageError(f"{what} {show(path)} cannot be read: {error}") from None
         return _read_tables(path, True)
     except sqlite3.DatabaseError as error:
+        if "not a database" in str(error):
+            raise UsageError(f"{what} {show(path)} is not an SQLite database ({error}): give the file `nas search` "
+                             "made, or a new name") from None
         raise UsageError(f"{what} {show(path)} is damaged ({error}): restore it from a copy, or recover what it "
                          "holds with `sqlite3 FILE .recover`") from None
 
