@@ -23,6 +23,11 @@ steps before it on disk. The exit code is 1 when a step failed. Steps, in order:
   256 (``1x2,2x2,12x8``: 768, 384), each in bf16 with fused AdamW and ``torch.compile``, in interleaved
   blocks: tokens/s, MFU against the measured peak, achieved TFLOP/s, the cold compile, each schedule's
   SDPA kernels, and the step time when the loss is read every step against every 16 (a host-device sync);
+- ``grouped_query``: grouped-query attention on the device: a Prism schedule with 3 query heads per key/value
+  head gives the logits of its multi-head twin (key/value weights repeated; the model's ops and the plain
+  ones), traces with zero graph breaks, and, compiled in bf16, trains at what tokens/s against the multi-head
+  baseline (``gpt2-124m``, attention alone: the baseline's FFN; SDPA's ``enable_gqa`` shares the key/value
+  heads without copying them);
 - ``host``: what a step waits for on the CPU: drawing a batch's windows, pinning and copying it;
 - ``resume``: a full run on the device checkpointed and resumed (``map_location`` the device: the RNG
   states must come back to the CPU), and the device's generator state restored exactly;
@@ -348,6 +353,72 @@ def timing(device, args, peak: float | None) -> dict[str, Any]:
                                  for r in rows)}
 
 
+def grouped_query(device, args) -> dict[str, Any]:
+    """Grouped-query layers on the device: equal to the multi-head twin, traced whole, and timed (module docstring)."""
+    import torch
+    import torch._dynamo
+
+    from runners.config import TrainConfig
+    from runners.presets import get_preset
+    from runners.proxy import build_optimizer
+
+    smoke = args.smoke
+    base = get_preset("tiny" if smoke else "gpt2-124m").baseline
+    h = base.heads[0]
+    g = 3 if h % 3 == 0 else 2  # 3 query heads per key/value head at gpt2-124m's 12 (2 at the tiny preset's 4)
+    schedule = (h // 4,) * 2 + (h,) * (base.n_layers - 2) if h % 12 == 0 else (h,) * base.n_layers
+    arch = base.replace(heads=list(schedule), kv_heads=[n // g for n in schedule])
+    small = arch.replace(n_layers=2, heads=list(arch.heads[:2]), kv_heads=list(arch.kv_heads[:2]))
+    torch.manual_seed(0)
+    model = _model(small, device)
+    twin = _model(small.replace(kv_heads=list(small.heads)), device)
+    state = model.state_dict()
+    for i, (heads, kv) in enumerate(zip(small.heads, small.kv_heads)):
+        dh = small.d_model // heads
+        q, k, v = state[f"blocks.{i}.attn.qkv.weight"].split([heads * dh, kv * dh, kv * dh])
+        state[f"blocks.{i}.attn.qkv.weight"] = torch.cat(
+            [q, *(w.view(kv, dh, -1).repeat_interleave(heads // kv, 0).reshape(heads * dh, -1) for w in (k, v))])
+    twin.load_state_dict(state)
+    x = torch.randint(0, small.vocab_size, (2, 64), device=device)
+    errors = {}
+    with torch.no_grad():
+        for reference in (False, True):
+            ours, theirs = model.use_reference_ops(reference)(x), twin.use_reference_ops(reference)(x)
+            errors["reference ops" if reference else "model ops"] = float((ours - theirs).abs().max()
+                                                                           / theirs.abs().max())
+    if max(errors.values()) > 1e-4:
+        raise AssertionError(f"a grouped layer differs from its multi-head twin: relative error {errors}")
+    torch._dynamo.reset()
+    breaks = torch._dynamo.explain(model.use_reference_ops())(x, x).graph_break_count
+    if breaks:
+        raise AssertionError(f"{breaks} graph breaks in a grouped-query model with the plain ops")
+    seq_len, batch = (32, 2) if smoke else (1024, args.batch)
+    dtype = "bf16" if device.type == "cuda" else "fp32"
+    cfg = TrainConfig(batch_size=batch, seq_len=seq_len, lr=6e-4, device=str(device), dtype=dtype)
+    xs = torch.randint(0, base.vocab_size, (batch, seq_len), device=device)
+    grouped = f"{g} per key/value head"
+    shapes = {"multi-head": base, grouped: base.replace(kv_heads=[h // g] * base.n_layers)}
+    steps = {}
+    for name, shape in shapes.items():
+        torch.manual_seed(0)
+        trained = _model(shape, device)
+        forward = trained if args.no_compile else torch.compile(trained.use_reference_ops(),
+                                                                backend="eager" if smoke else "inductor")
+        steps[name] = _step_fn(forward, build_optimizer(trained, cfg, device), xs, xs, device, dtype)
+        steps[name]()
+        steps[name]()  # compiled, and recompiled for the grown rotary tables
+    seconds: dict[str, list[float]] = {n: [] for n in shapes}
+    for _ in range(1 if smoke else args.rounds):
+        for name in shapes:
+            seconds[name].append(_timed(steps[name], 1 if smoke else args.steps, device))
+    ratio = statistics.median(m / t for m, t in zip(seconds["multi-head"], seconds[grouped]))
+    cache = {name: shape.kv_cache_bytes_per_token() for name, shape in shapes.items()}
+    return {"relative_error": errors, "graph_breaks": 0, "over_multi_head": ratio, "kv_cache_bytes_per_token": cache,
+            "summary": f"equal to the multi-head twin ({max(errors.values()):.1e}), 0 graph breaks, "
+                       f"{ratio:.3f}x the multi-head baseline's tokens/s, KV cache {cache[grouped]:,} "
+                       f"bytes/token against {cache['multi-head']:,}"}
+
+
 def host(device, smoke: bool) -> dict[str, Any]:
     """The CPU side of a step at the gpu-prism batch: draw the windows, pin them, copy them to the device."""
     import numpy as np
@@ -590,6 +661,7 @@ def main(argv: list[str] | None = None) -> int:
     check.step("compile_graph", lambda: compile_graph(device, args.smoke))
     check.step("recompiles", lambda: recompiles(device, args.smoke))
     check.step("timing", lambda: timing(device, args, peak))
+    check.step("grouped_query", lambda: grouped_query(device, args))
     if device.type == "cuda":
         torch.cuda.empty_cache()  # the timed models leave the device to the steps after
     check.step("host", lambda: host(device, args.smoke))

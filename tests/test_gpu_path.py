@@ -396,8 +396,8 @@ def test_gpu_check_smoke_runs_with_no_options_on_the_cpu_and_writes_every_steps_
     steps = report["steps"]
     assert report["device"] == "cpu" and report["summary"]["fail"] == 0
     assert all(s["status"] in ("pass", "skipped") and (s["status"] == "pass" or s["reason"]) for s in steps.values())
-    assert {"attention_kernels", "compile_graph", "recompiles", "timing", "resume", "oom_halving", "search"} <= {
-        name for name, s in steps.items() if s["status"] == "pass"}
+    assert {"attention_kernels", "compile_graph", "recompiles", "timing", "grouped_query", "resume", "oom_halving",
+            "search"} <= {name for name, s in steps.items() if s["status"] == "pass"}
     assert steps["oom_halving"]["micro_batch"] == 2 and steps["oom_halving"]["largest_eval_forward"] == 2
     assert steps["search"]["trials"] == 4 and steps["search"]["placed_on"] == ["cpu"]
     assert len(steps["timing"]["rows"]) == 3 and steps["recompiles"]["compiled"] == 10
