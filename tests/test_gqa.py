@@ -1,7 +1,8 @@
 """Grouped-query attention (issue 38): per-layer key/value heads in the shape, its accounting and the model's kernels.
 
 The model's parity with HF LLaMA layers built with each layer's ``num_key_value_heads`` is in ``tests/test_model.py``;
-the export in ``tests/test_hf_export.py``; the spaces, options and objective in ``tests/test_gqa_space.py``.
+the export in ``tests/test_hf_export.py``; the spaces, options and bad input in ``tests/test_gqa_space.py``; the
+objective, the report's answer, best/export rows and a real search in ``tests/test_gqa_search.py``.
 """
 
 from __future__ import annotations
