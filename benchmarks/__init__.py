@@ -17,9 +17,10 @@ numbers mean nothing). One module per figure, ``benchmarks.harness`` for what th
 | 9 | ``proposals`` | how often the sampler proposes the baseline or a shape again |
 | 10 | ``ranking_simulation`` | known truth: picking the best shape, fixed replicates vs racing |
 | 11 | ``proxy_noise`` | seed and paired noise, pruning, quieter proxies (real training, ~30 min: run by name) |
-| 12 | ``gqa_speed`` | grouped-query attention members' tokens/s vs multi-head, their KV cache, the CPU kernel paths |
+| 12 | ``proxy_fidelity`` | which proxy and score rank Prism schedules against the reference panel (~40 min) |
+| 13 | ``gqa_speed`` | grouped-query attention members' tokens/s vs multi-head, their KV cache, the CPU kernel paths |
 """
 
 FIGURES = ("prism_free", "vs_hf", "hourglass_cost", "efficiency", "overhead", "search_efficiency", "space_scaling",
-           "report_speed", "proposals", "ranking_simulation", "proxy_noise", "gqa_speed")
-LONG = ("proxy_noise",)  # not in a plain `nas bench`: ask for it with --only
+           "report_speed", "proposals", "ranking_simulation", "proxy_noise", "proxy_fidelity", "gqa_speed")
+LONG = ("proxy_noise", "proxy_fidelity")  # not in a plain `nas bench`: ask for it with --only

@@ -118,7 +118,7 @@ def run(cfg: BenchConfig) -> Figure:
     kernels = "; ".join(f"g={r['group size']} {r['path'].split(' +')[0].split(',')[0]} {r['ratio']:.2f}"
                         for r in rows if r["path"] not in (DEFAULT, MATCHED, "multi-head baseline"))
     return Figure(
-        number=12, name="gqa_speed", title="Grouped-query attention: tokens/s vs multi-head, and the KV cache",
+        number=13, name="gqa_speed", title="Grouped-query attention: tokens/s vs multi-head, and the KV cache",
         target=f"attention only (the baseline's FFN): ratio >= {TARGET} for every group size",
         method=(f"uniform heads, {cfg.dtype}, {cfg.device}; full training steps (forward, backward, clip, fused "
                 "AdamW) interleaved R C R C ... with the multi-head baseline, ratio = baseline time / shape time, "

@@ -316,6 +316,37 @@ def with_results(data: dict[str, Any], panel: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
+def run(cfg: Any) -> Any:
+    """Figure 12 in the harness (``nas bench --only proxy_fidelity``, long: real training): every Prism configuration
+    against the stored reference panel; ``--smoke`` trains two configurations of tiny shapes against a smoke panel
+    made on the spot (checks the code, measures nothing). ``python -m benchmarks.proxy_fidelity`` also writes the
+    data file and runs the Hourglass axis."""
+    import tempfile
+
+    from benchmarks.harness import Figure
+    from benchmarks.reference_panel import build_panel
+
+    started = time.perf_counter()
+    processes = max(1, min(2, cfg.threads or 2))
+    if cfg.smoke:
+        with tempfile.TemporaryDirectory() as folder:
+            panel = build_panel(smoke=True, processes=1, out=Path(folder) / "panel.json")
+        data = with_results(run_configs(CONFIGS[:1], True, 1), panel)
+    else:
+        panel = load_panel(REFERENCE_FILE)
+        data = with_results(run_configs(CONFIGS, False, processes), panel)
+    rows = figure_rows(data)
+    best = max(rows, key=lambda r: r["separation"]) if rows else None
+    return Figure(
+        number=12, name="proxy_fidelity", title="Which proxy and which score rank Prism schedules: separation and "
+        "Kendall tau against the reference panel", target="report (separation >= 1.5 and tau >= 0.6 would rank)",
+        method="every configuration of CONFIGS trains the reference panel's 13 shapes on common seeds, two runs at a "
+               "time on one core each; five scores from the same runs (module docstring)",
+        columns=list(rows[0]) if rows else [], rows=rows, passed=None,
+        summary=(f"best separation {best['separation']:.2f} ({best['proxy']}, {best['score']})" if best else "no rows"),
+        seconds=time.perf_counter() - started, smoke=cfg.smoke)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.proxy_fidelity", description=__doc__.split("\n")[0])
     parser.add_argument("--space", choices=("prism", "hourglass"), default="prism", help="the axis and its panel")

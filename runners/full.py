@@ -55,7 +55,6 @@ from runners.proxy import build_optimizer, compile_model, lr_multiplier, update_
 from runners.stream import ORDER as STREAM_ORDER
 from runners.stream import TokenStream
 
-RUN_ONLY_FIELDS = ("threads", "device", "compile", "micro_batch")  # how a run executes, not what it computes
 MAX_CURVE_POINTS = 256
 
 
@@ -72,7 +71,7 @@ class RunOptions:
 
 def run_identity(arch: ArchConfig, cfg: TrainConfig, data: TokenData) -> dict[str, Any]:
     """What a checkpoint must match to be resumed: the shape, the training config, the data."""
-    train = {k: v for k, v in cfg.to_dict().items() if k not in RUN_ONLY_FIELDS}
+    train = cfg.result_fields()  # how a run executes (threads, device...) is not what it computes
     return json.loads(json.dumps({"arch": arch.key(), "train": train, "data": data.fingerprint,
                                   "stream": STREAM_ORDER}, sort_keys=True))
 
@@ -145,6 +144,22 @@ def run_full(arch: ArchConfig, cfg: TrainConfig, data: TokenData, options: RunOp
         teardown(processes)
 
 
+def read_result(folder: Path) -> dict[str, Any] | None:
+    """A run folder's ``result.json``, None when it has none yet; ``UsageError`` when it is damaged (it is written
+    atomically, so damage came from outside: the user decides whether to delete it and train again)."""
+    path = folder / "result.json"
+    if not path.exists():
+        return None
+    try:
+        result = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise UsageError(f"{str(path)!r} is damaged ({error}): delete it and run the same command to train (or "
+                         "resume) the run again") from None
+    if not isinstance(result, dict):
+        raise UsageError(f"{str(path)!r} holds no run result: delete it and run the same command again")
+    return result
+
+
 def _run(arch: ArchConfig, cfg: TrainConfig, data: TokenData, options: RunOptions,
          processes: Processes) -> dict[str, Any]:
     if arch.vocab_size < data.vocab_size:
@@ -158,15 +173,8 @@ def _run(arch: ArchConfig, cfg: TrainConfig, data: TokenData, options: RunOption
             out.mkdir(parents=True, exist_ok=True)
         except OSError as error:
             raise UsageError(f"--out {str(out)!r} cannot be a run's folder: {error.strerror or error}") from None
-        finished = out / "result.json"
-        if finished.exists():
-            try:
-                result = json.loads(finished.read_text())
-            except (OSError, UnicodeDecodeError, ValueError) as error:
-                raise UsageError(f"{str(finished)!r} is damaged ({error}): delete it and run the same command to "
-                                 "train (or resume) the run again") from None
-            if not isinstance(result, dict):
-                raise UsageError(f"{str(finished)!r} holds no run result: delete it and run the same command again")
+        result = read_result(out)
+        if result is not None:
             if result.get("run") == identity:
                 return {**result, "resumed": "finished"}
             raise UsageError(f"{str(out)!r} holds the result of another run; choose another --out")

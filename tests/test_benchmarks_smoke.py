@@ -91,7 +91,7 @@ def test_nas_bench_runs_the_same_harness(tmp_path: Path, nas_cache: str) -> None
     assert [f["name"] for f in data["figures"]] == ["space_scaling"] and data["figures"][0]["smoke"] is True
 
 
-@pytest.mark.parametrize("args, named", [(["--only", "13"], "13"), (["--only", "1,nope"], "nope"),
+@pytest.mark.parametrize("args, named", [(["--only", "14"], "14"), (["--only", "1,nope"], "nope"),
                                          (["--device", "tpu"], "tpu"), (["--threads", "-1"], "-1")])
 def test_nas_bench_bad_options_are_one_line_and_exit_2(args: list[str], named: str, tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "nas.cli", "bench", *args, "--out", str(tmp_path)], cwd=ROOT,

@@ -8,16 +8,14 @@ result JSON is read back from the run's folder.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from nas.errors import UsageError
 from nas.rerun.plan import PlannedRun
 from runners.distributed import die_with_parent
+from runners.full import read_result
 
 
 @dataclass(frozen=True)
@@ -56,19 +54,3 @@ def launch(run: PlannedRun, options: LaunchOptions) -> tuple[int, dict[str, Any]
     with open(run.folder / "stdout.json", "w") as stdout:
         code = subprocess.call(train_command(run, options), stdout=stdout, preexec_fn=die_with_parent)
     return code, read_result(run.folder)
-
-
-def read_result(folder: Path) -> dict[str, Any] | None:
-    """The run's ``result.json``, None when it has none yet; ``UsageError`` when it is damaged (it is written
-    atomically, so damage came from outside: the user decides whether to delete it and train again)."""
-    path = folder / "result.json"
-    if not path.exists():
-        return None
-    try:
-        result = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as error:
-        raise UsageError(f"{str(path)!r} is damaged ({error}): delete it and run the same command to train the run "
-                         "again") from None
-    if not isinstance(result, dict):
-        raise UsageError(f"{str(path)!r} holds no run result: delete it and run the same command again")
-    return result
