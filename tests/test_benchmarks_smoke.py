@@ -17,7 +17,7 @@ from benchmarks import FIGURES
 from benchmarks.harness import Figure, markdown, sandwich
 
 ROOT = Path(__file__).resolve().parents[1]
-REPORT_ONLY = ("hourglass_cost", "proposals", "proxy_noise")
+REPORT_ONLY = ("hourglass_cost", "proposals", "proxy_noise", "proxy_fidelity")
 
 
 @pytest.fixture(scope="module")

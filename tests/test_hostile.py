@@ -19,6 +19,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+import sqlalchemy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from search_helpers import NAS, nas_env
@@ -358,6 +359,28 @@ def test_a_study_stopped_while_being_made_is_completed_on_resume_not_refused(tmp
     assert "nas:identity" in study.user_attrs
     done = [t for t in study.get_trials() if t.state == optuna.trial.TrialState.COMPLETE]
     assert done and done[0].user_attrs["role"] == "baseline"
+
+
+@pytest.mark.parametrize("made", [("studies",), ("studies", "trials", "version_info"), "all but the revision"])
+def test_a_storage_whose_creation_was_killed_is_completed_by_the_next_search(tmp_path, made):
+    """A search killed while Optuna was making its tables left some of them and no schema revision; the next run
+    refused the file as "not an Optuna storage" (CI, test_faults). A reader finds no study there and writes nothing;
+    the search completes the tables and runs."""
+    from optuna.storages._rdb import models
+
+    path = tmp_path / "nas.db"
+    engine = sqlalchemy.create_engine(f"sqlite:///{path}")
+    tables = models.BaseModel.metadata.sorted_tables
+    keep = [t for t in tables if made == "all but the revision" or t.name in made]
+    models.BaseModel.metadata.create_all(engine, tables=keep)
+    engine.dispose()
+    before = path.read_bytes()
+    listing = CliRunner().invoke(app, ["studies", "--storage", f"sqlite:///{path}"])
+    assert "holds no study yet" in listing.output and listing.exit_code == 0, listing.output
+    assert path.read_bytes() == before
+    result = CliRunner().invoke(app, tiny_search(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert optuna.load_study(study_name="s", storage=f"sqlite:///{path}").get_trials()
 
 
 def test_a_study_resumed_with_other_settings_names_the_setting_and_its_stored_value(tmp_path):

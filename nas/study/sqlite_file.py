@@ -23,6 +23,12 @@ from nas.errors import UsageError
 from nas.files import kind_of, reason, show
 
 OPTUNA_TABLES = frozenset({"studies", "trials", "version_info", "alembic_version"})
+# Every table an Optuna storage holds (optuna.storages._rdb.models, plus Alembic's): a file holding only some of
+# them, with no schema revision and no study, is one whose creation a kill interrupted, which Optuna completes.
+ALL_OPTUNA_TABLES = frozenset({
+    "studies", "study_directions", "study_system_attributes", "study_user_attributes", "trial_heartbeats",
+    "trial_intermediate_values", "trial_params", "trial_system_attributes", "trial_user_attributes",
+    "trial_values", "trials", "version_info", "alembic_version"})
 
 
 @dataclass(frozen=True)
@@ -35,6 +41,7 @@ class SqliteFile:
     optuna_version: str | None = None  # version_info.library_version: the Optuna that created it
     schema_revision: str | None = None  # alembic_version.version_num
     immutable: bool = False  # read through immutable=1 (a WAL file in a folder this process cannot write)
+    studies: int = 0  # rows in the studies table (0 when it has none)
 
     @property
     def empty(self) -> bool:
@@ -44,6 +51,13 @@ class SqliteFile:
     @property
     def is_optuna(self) -> bool:
         return OPTUNA_TABLES <= self.tables
+
+    def is_unfinished_optuna(self, this_optuna: str) -> bool:
+        """Some of Optuna's tables and nothing else, no schema revision, no study, and (when it says) made by
+        ``this_optuna``: a storage whose creation was killed part-way (a search killed at its first moment).
+        Optuna's own start completes it (``create_all`` makes the missing tables, then stamps the revision)."""
+        return (bool(self.tables) and self.tables <= ALL_OPTUNA_TABLES and self.schema_revision is None
+                and self.studies == 0 and self.optuna_version in (None, this_optuna))
 
     def describe_foreign(self) -> str:
         """``holds the tables a, b, c of another program`` (at most 6 named)."""
@@ -108,12 +122,15 @@ def _read_tables(path: Path, immutable: bool) -> SqliteFile:
         if check is None or check[0] != "ok":
             raise sqlite3.DatabaseError(f"quick_check: {check[0] if check else 'no answer'}")
         version = revision = None
+        studies = 0
+        if "studies" in tables:
+            studies = connection.execute("SELECT count(*) FROM studies").fetchone()[0]
         if "version_info" in tables:
             row = connection.execute("SELECT library_version FROM version_info LIMIT 1").fetchone()
             version = row[0] if row else None
         if "alembic_version" in tables:
             row = connection.execute("SELECT version_num FROM alembic_version LIMIT 1").fetchone()
             revision = row[0] if row else None
-        return SqliteFile(path, True, tables, version, revision, immutable)
+        return SqliteFile(path, True, tables, version, revision, immutable, studies)
     finally:
         connection.close()

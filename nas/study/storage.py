@@ -133,6 +133,11 @@ def _check_sqlite(url: str, path: Path, read_only: bool) -> SqliteFile:
         if read_only:
             raise EmptyStorage(f"{display_url(url)} holds no study yet (an empty database)")
         return found
+    if found.is_unfinished_optuna(optuna.__version__):
+        if read_only:
+            raise EmptyStorage(f"{display_url(url)} holds no study yet (its creation was interrupted; "
+                               "`nas search` completes it)")
+        return found
     if not found.is_optuna:
         raise UsageError(f"storage file {show(path)} {found.describe_foreign()}: give the file `nas search` made, or "
                          "a new name")
