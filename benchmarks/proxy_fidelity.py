@@ -279,7 +279,13 @@ def tau_at_seeds(table: dict[str, dict[int, float]], reference: dict[str, dict[i
 
 
 def budget_rows(data: dict[str, Any], panel: dict[str, Any], score: str = "final") -> list[dict[str, Any]]:
-    """One row per (configuration, k seeds): tau against the panel with its interval, and the CPU seconds a shape."""
+    """One row per (configuration, k seeds): tau against the panel with its interval, and its cost a shape in
+    proxy trials (``k`` x tokens / the ``cpu`` preset's tokens: every configuration trains the same shapes at the
+    same batch and context, so CPU time goes with tokens) beside the measured CPU seconds (which other work on the
+    machine inflates); rows and the cheapest choice go by proxy trials."""
+    from runners.presets import get_preset
+
+    unit = get_preset("cpu").train.tokens
     reference = losses_by_shape(panel["runs"])
     rows = []
     for config in data["configs"]:
@@ -292,9 +298,10 @@ def budget_rows(data: dict[str, Any], panel: dict[str, Any], score: str = "final
         k = 1
         while k <= len(config["seeds"]):
             tau = tau_at_seeds(table, reference, k)
-            rows.append({"proxy": config["name"], "seeds": k, "cpu_s_per_shape": k * per_trial, **tau})
+            rows.append({"proxy": config["name"], "seeds": k, "proxy_trials": k * config["train"]["tokens"] / unit,
+                         "cpu_s_per_shape": k * per_trial, **tau})
             k *= 2
-    return sorted(rows, key=lambda r: r["cpu_s_per_shape"])
+    return sorted(rows, key=lambda r: (r["proxy_trials"], -r["tau"]))
 
 
 def cheapest_ranking(rows: list[dict[str, Any]], target: float = TAU_TARGET) -> dict[str, Any] | None:
@@ -303,9 +310,11 @@ def cheapest_ranking(rows: list[dict[str, Any]], target: float = TAU_TARGET) -> 
 
 
 def budget_markdown(rows: list[dict[str, Any]]) -> str:
-    lines = ["| proxy | seeds a shape | CPU s a shape | Kendall tau vs panel [95 %] |", "|---|---|---|---|"]
+    lines = ["| proxy | seeds a shape | cost a shape (proxy trials) | CPU s a shape | Kendall tau vs panel [95 %] |",
+             "|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['proxy']} | {r['seeds']} | {r['cpu_s_per_shape']:.0f} | {r['tau']:+.2f} "
+        lines.append(f"| {r['proxy']} | {r['seeds']} | {r['proxy_trials']:g} | {r['cpu_s_per_shape']:.0f} | "
+                     f"{r['tau']:+.2f} "
                      f"[{r['low']:+.2f}, {r['high']:+.2f}] |")
     return "\n".join(lines)
 

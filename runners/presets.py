@@ -99,6 +99,12 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
     # shape ended 2.36 and 2.93; at 3e-3 the same two ended 2.10 and 2.19 (benchmarks/reference_panel.py)
     Preset("cpu-long", "the cpu shape trained 8x longer (256k tokens/trial, lr 3e-3): the reference panel's setup",
            uniform(12, 96, 12, 256), _CPU_TRAIN.with_(tokens=262_144, eval_every=65_536, lr=3e-3)),
+    # the cheapest CPU proxy that ranks the width-depth-FFN axis: one seed at 4x the tokens agrees with the Hourglass
+    # reference panel at Kendall tau +0.67 [+0.57, +0.78], where 8 seeds of `cpu` (twice the CPU) reach +0.60
+    # [+0.29, +0.65] (benchmarks/proxy_fidelity.py --space hourglass); lr 8e-3: the 4x trials' tuned rate
+    Preset("cpu-hourglass", "the cpu shape at 4x the tokens (128k tokens/trial, lr 8e-3): the cheapest CPU proxy "
+           "that ranks the Hourglass axis (Kendall tau +0.67 against its reference panel at one seed a shape)",
+           uniform(12, 96, 12, 256), _CPU_TRAIN.with_(tokens=131_072, eval_every=16_384, lr=8e-3)),
     Preset("gpu-prism", "GPT-2 small's structure (L12 d768 h12, V50304, SwiGLU 2048: 53 of the 129 Prism "
            "schedules, head dims <= 256) as a GPU proxy: 100M tokens/trial, bf16, compiled; FineWeb .bin shards "
            "via --data",
