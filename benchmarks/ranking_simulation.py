@@ -342,7 +342,7 @@ def target_misses(rows: list[dict[str, object]]) -> list[str]:
 
 def run(cfg: BenchConfig) -> Figure:
     started = time.perf_counter()
-    studies = 2 if cfg.smoke else STUDIES
+    studies = 1 if cfg.smoke else STUDIES
     rows = measure(POLICIES, studies, cfg.threads, cfg.seed)
     misses = target_misses(rows)
     by = {(r["policy"], r["noise"], r["replicate trials"]): r for r in rows}

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 def test_search_best_rerun_and_report_confirm_or_refute_the_pick_at_full_length(tmp_path):
     storage = sqlite_url(tmp_path / "nas.db")
-    search = run_nas("search", "--space", "hourglass", "--preset", "tiny", "--trials", "10", "--storage", storage,
+    search = run_nas("search", "--space", "hourglass", "--preset", "tiny", "--trials", "7", "--storage", storage,
                      "--study-name", "hg", "--workers", "1", cwd=tmp_path, timeout=600)
     assert search.returncode == 0, search.stderr[-3000:]
     best = run_nas("best", "--storage", storage, "--study-name", "hg", "--top", "3", cwd=tmp_path)
