@@ -15,6 +15,7 @@ import os
 import sqlite3
 import stat
 import subprocess
+from contextlib import closing
 from pathlib import Path
 
 import optuna
@@ -49,15 +50,20 @@ def digest(path: Path) -> str:
         # a database: what it holds, read without writing (mode=ro), since closing the last connection
         # of any process (the refused command's, or this test's own in-process search's) may checkpoint the log
         # into the file: SQLite moving committed pages, not a write of the command's
-        try:
-            connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-            try:
-                return "sql:" + hashlib.sha256("\n".join(connection.iterdump()).encode()).hexdigest()
-            finally:
-                connection.close()
-        except sqlite3.Error:  # damaged, or in a folder SQLite cannot use: its bytes
-            pass
+        dump = sql_dump(path)
+        if dump is not None:
+            return "sql:" + hashlib.sha256(dump.encode()).hexdigest()
     return hashlib.sha256(content).hexdigest()
+
+
+def sql_dump(path: Path) -> str | None:
+    """The database's SQL text, read without writing (mode=ro); None when SQLite cannot read it (damaged, or in a
+    folder it cannot use)."""
+    try:
+        with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as connection:
+            return "\n".join(connection.iterdump())
+    except sqlite3.Error:
+        return None
 
 
 @pytest.fixture(scope="module")

@@ -45,6 +45,14 @@ def schema_revisions() -> tuple[str, frozenset[str]]:
     return script.get_current_head() or "", frozenset(r.revision for r in script.walk_revisions())
 
 
+def table_names() -> frozenset[str]:
+    """Every table an Optuna storage of this version holds: its models' (``optuna.storages._rdb.models``) and
+    Alembic's ``alembic_version``."""
+    from optuna.storages._rdb import models
+
+    return frozenset(models.BaseModel.metadata.tables) | {"alembic_version"}
+
+
 def trial_id(trial: optuna.Trial) -> int:
     """The storage's id of a trial handed out by ``study.ask()``."""
     return trial._trial_id

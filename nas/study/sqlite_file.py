@@ -23,12 +23,6 @@ from nas.errors import UsageError
 from nas.files import kind_of, reason, show
 
 OPTUNA_TABLES = frozenset({"studies", "trials", "version_info", "alembic_version"})
-# Every table an Optuna storage holds (optuna.storages._rdb.models, plus Alembic's): a file holding only some of
-# them, with no schema revision and no study, is one whose creation a kill interrupted, which Optuna completes.
-ALL_OPTUNA_TABLES = frozenset({
-    "studies", "study_directions", "study_system_attributes", "study_user_attributes", "trial_heartbeats",
-    "trial_intermediate_values", "trial_params", "trial_system_attributes", "trial_user_attributes",
-    "trial_values", "trials", "version_info", "alembic_version"})
 
 
 @dataclass(frozen=True)
@@ -52,11 +46,12 @@ class SqliteFile:
     def is_optuna(self) -> bool:
         return OPTUNA_TABLES <= self.tables
 
-    def is_unfinished_optuna(self, this_optuna: str) -> bool:
-        """Some of Optuna's tables and nothing else, no schema revision, no study, and (when it says) made by
-        ``this_optuna``: a storage whose creation was killed part-way (a search killed at its first moment).
-        Optuna's own start completes it (``create_all`` makes the missing tables, then stamps the revision)."""
-        return (bool(self.tables) and self.tables <= ALL_OPTUNA_TABLES and self.schema_revision is None
+    def is_unfinished_optuna(self, this_optuna: str, optuna_tables: frozenset[str]) -> bool:
+        """Some of ``optuna_tables`` (every table this Optuna makes) and nothing else, no schema revision, no study,
+        and (when it says) made by ``this_optuna``: a storage whose creation was killed part-way (a search killed at
+        its first moment). Optuna's own start completes it (``create_all`` makes the missing tables, then stamps
+        the revision)."""
+        return (bool(self.tables) and self.tables <= optuna_tables and self.schema_revision is None
                 and self.studies == 0 and self.optuna_version in (None, this_optuna))
 
     def describe_foreign(self) -> str:

@@ -133,7 +133,7 @@ def _check_sqlite(url: str, path: Path, read_only: bool) -> SqliteFile:
         if read_only:
             raise EmptyStorage(f"{display_url(url)} holds no study yet (an empty database)")
         return found
-    if found.is_unfinished_optuna(optuna.__version__):
+    if found.is_unfinished_optuna(optuna.__version__, optuna_internals.table_names()):
         if read_only:
             raise EmptyStorage(f"{display_url(url)} holds no study yet (its creation was interrupted; "
                                "`nas search` completes it)")
