@@ -6,6 +6,7 @@ import glob
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -68,6 +69,19 @@ def one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     import runners.device
 
     monkeypatch.setattr(runners.device, "available_cores", lambda: 1)
+
+
+@pytest.fixture(autouse=True)
+def stop_signals_as_they_were() -> Iterator[None]:
+    """A test that makes this process ``interruptible`` (``nas.study.signals``), or sends it a stop signal, leaves the
+    next test the handlers and the record of received signals it found."""
+    from nas.study import signals
+
+    handlers = {signum: signal.getsignal(signum) for signum in signals.STOP_SIGNALS}
+    yield
+    for signum, handler in handlers.items():
+        signal.signal(signum, handler)
+    signals._received.clear()
 
 
 # ----------------------------------------------------------------- PostgreSQL

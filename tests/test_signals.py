@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import os
 import signal
+import weakref
 
 import optuna
 import pytest
 from optuna.trial import TrialState
 from search_helpers import sqlite_url
 
+from nas.study import signals
 from nas.study.config import SearchConfig
 from nas.study.parallel import run_search
-from nas.study.signals import interruptible, interrupts_deferred
+from nas.study.signals import interruptible, interrupts_deferred, raise_if_stopped
 from search_spaces.factory import SpaceOptions
 
 
@@ -24,7 +26,65 @@ def test_a_signal_inside_the_deferred_block_is_delivered_when_it_ends():
         os.kill(os.getpid(), signal.SIGINT)  # a second one is not delivered twice
         reached_the_end = True
     assert reached_the_end
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is back
+    assert signal.getsignal(signal.SIGINT) is signals._stop  # the handler is back
+
+
+def swallow_a_ctrl_c() -> None:
+    """Ctrl-C landing inside a weakref callback (as it did in SQLAlchemy's ``InstanceState._cleanup`` under load):
+    Python prints "Exception ignored in ..." and drops the ``KeyboardInterrupt``."""
+
+    class Collected:
+        pass
+
+    thing = Collected()
+    ref = weakref.ref(thing, lambda _: signal.raise_signal(signal.SIGINT))
+    del thing  # the callback runs here; its exception never reaches this frame
+    assert ref() is None
+
+
+SWALLOWED = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # "Exception ignored in"
+
+
+@SWALLOWED
+def test_a_stop_whose_exception_python_swallowed_is_raised_at_the_next_check():
+    interruptible()
+    raise_if_stopped()  # none came: nothing
+    swallow_a_ctrl_c()  # no exception here: that is the defect the record exists for
+    with pytest.raises(KeyboardInterrupt):
+        raise_if_stopped()
+    with pytest.raises(signals.Terminated):  # a later stop is delivered as it comes ...
+        signal.raise_signal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt) as raised:  # ... and does not replace the first one's kind
+        raise_if_stopped()
+    assert not isinstance(raised.value, signals.Terminated)
+    interruptible()  # a fresh start forgets the old stop
+    raise_if_stopped()
+
+
+@SWALLOWED
+def test_a_search_whose_ctrl_c_was_swallowed_still_stops_and_requeues_its_trial(tmp_path, one_thread, monkeypatch):
+    import nas.study.worker
+
+    interruptible()
+    storage = sqlite_url(tmp_path / "swallowed.db")
+    plan, calls = nas.study.worker.plan_next, [0]
+
+    def plan_then_swallowed_ctrl_c(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == 3:
+            swallow_a_ctrl_c()  # outside any deferral: the search would train on for good without the record
+        return plan(*args, **kwargs)
+
+    monkeypatch.setattr(nas.study.worker, "plan_next", plan_then_swallowed_ctrl_c)
+    config = SearchConfig(space=SpaceOptions(space="prism"), preset="tiny", storage=storage, study_name="swallowed",
+                          trials=50, train_overrides=(("tokens", 1_000),))
+    with pytest.raises(KeyboardInterrupt):
+        run_search(config)
+    trials = optuna.load_study(study_name="swallowed", storage=storage).get_trials(deepcopy=False)
+    assert calls[0] == 3  # it stopped in the trial the signal came in, not some trials later
+    assert not [t.number for t in trials if t.state == TrialState.RUNNING], "a trial was left RUNNING"
+    assert [t.number for t in trials if t.user_attrs.get("status") == "interrupted"] == [2]
+    assert sum(t.state == TrialState.COMPLETE for t in trials) == 2
 
 
 @pytest.mark.parametrize("asks_before", [0, 2])  # the queued baseline, or a planned member after two trials

@@ -21,6 +21,8 @@ from collections.abc import Callable
 import optuna
 from optuna.trial import TrialState
 
+from nas.study.signals import raise_if_stopped
+
 WARN_AFTER_FAILURES = 3  # consecutive failed beats before the worker is warned
 
 
@@ -75,7 +77,9 @@ class Heartbeat:
                 "(its heartbeat was lost); its retry trains the shape")
 
     def check(self) -> None:
-        """Raise ``TrialLost`` if another worker has taken the trial (called between training steps)."""
+        """Raise ``TrialLost`` if another worker has taken the trial (called between training steps), and a stop signal
+        whose exception was swallowed (``nas.study.signals.raise_if_stopped``)."""
+        raise_if_stopped()
         if self.lost.is_set():
             raise TrialLost(self.lost_reason())
 

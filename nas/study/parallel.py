@@ -21,7 +21,7 @@ from nas.errors import UsageError
 from nas.study.config import SearchConfig
 from nas.study.placement import Placement, apply_placement, cpu_cores, gpu_count, plan_placements, resolve_workers
 from nas.study.session import Search, open_search
-from nas.study.signals import Terminated, interruptible
+from nas.study.signals import Terminated, interruptible, raise_if_stopped
 from nas.study.trial import POLL_S
 from nas.study.worker import SearchAborted, StudyNote, TrialEvent, run_worker, trials_done
 from runners.distributed import die_with_parent
@@ -129,6 +129,7 @@ def run_search(config: SearchConfig, on_event: Callable[[TrialEvent], None] | No
     errors, died, finished = [], [], set()
     try:
         while len(finished) < len(processes):
+            raise_if_stopped()  # a stop whose exception Python swallowed (nas.study.signals)
             try:
                 kind, worker, payload = queue.get(timeout=POLL_S)
             except queue_module.Empty:  # everything sent has been read: a worker that is gone now was killed

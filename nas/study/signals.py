@@ -7,6 +7,13 @@ inside ``study.ask()`` after the storage has committed the new RUNNING trial, bu
 worker holds it, would leave that trial RUNNING with nobody to re-queue it (until its heartbeat,
 which never started, is found missing). ``interrupts_deferred`` closes such windows: a signal
 that arrives inside it is delivered when it ends, once the worker knows what it holds.
+
+A handler's exception can also be lost: Python runs it wherever the main thread is, garbage
+collection included, and an exception raised inside a weakref callback or a ``__del__`` is printed
+("Exception ignored in: ...") and dropped. A load test caught it: Ctrl-C landed in SQLAlchemy's
+``InstanceState._cleanup`` and the search trained on for five minutes. So the handler also records
+the signal, and ``raise_if_stopped`` (between trials, at every evaluation of a training, in the
+parent's event loop) raises it again until the process stops.
 """
 
 from __future__ import annotations
@@ -24,8 +31,23 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, handled as Ctrl-C is; unlike Ctrl-C in a terminal, it reached this process alone."""
 
 
-def _terminated(signum: int, frame: Any) -> None:
-    raise Terminated(f"signal {signum}")
+_received: list[int] = []  # the stop signals this process has received since ``interruptible``
+
+
+def _stop_exception(signum: int) -> KeyboardInterrupt:
+    return Terminated(f"signal {signum}") if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
+def _stop(signum: int, frame: Any) -> None:
+    _received.append(signum)
+    raise _stop_exception(signum)
+
+
+def raise_if_stopped() -> None:
+    """Raise ``KeyboardInterrupt`` (``Terminated`` for SIGTERM) if a stop signal came whose exception was swallowed
+    (module docstring); a no-op when none came."""
+    if _received:
+        raise _stop_exception(_received[0])
 
 
 def interruptible() -> None:
@@ -37,8 +59,9 @@ def interruptible() -> None:
     the heartbeat grace period.
     """
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, _terminated)
+        _received.clear()
+        signal.signal(signal.SIGINT, _stop)
+        signal.signal(signal.SIGTERM, _stop)
 
 
 @contextmanager

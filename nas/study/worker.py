@@ -29,7 +29,7 @@ from nas.study.planning import plan_next
 from nas.study.records import counts, in_flight, scores_by_shape
 from nas.study.recovery import fail_abandoned, fail_stale, mark_interrupted, requeue
 from nas.study.session import Search
-from nas.study.signals import interrupts_deferred
+from nas.study.signals import interrupts_deferred, raise_if_stopped
 from nas.study.storage_faults import storage_failure, wait_for_storage
 from nas.study.trial import POLL_S, run_trial
 
@@ -87,6 +87,7 @@ def run_worker(search: Search, on_event: Callable[[TrialEvent], None] | None = N
     while True:
         trial: optuna.Trial | None = None
         try:
+            raise_if_stopped()  # a stop whose exception Python swallowed (nas.study.signals)
             fail_stale(study)
             trials = study.get_trials(deepcopy=False)
             if finished is not None and on_event is not None:
