@@ -16,7 +16,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 DATA = Path(__file__).parent / "data"
-POLICY_COLOURS = {"fixed": "#1b9e77", "race": "#d95f02", "adaptive": "#e7298a", "oracle": "#7570b3"}
+POLICY_COLOURS = {"fixed": "#1b9e77", "race": "#d95f02", "adaptive-pick": "#e6ab02", "adaptive": "#e7298a",
+                  "oracle": "#7570b3"}
 SCORE_SYMBOLS = {"final": "circle", "train_mean": "square", "train_last_half": "diamond", "val_auc": "star",
                  "extrapolated": "x"}
 

@@ -55,6 +55,8 @@ SPREAD_SD = 0.060  # sd of the schedules' true mean losses
 BEST_GAP = 0.015  # the true best's lead over the second best (nats): half a paper-sized 1 % effect
 FIRST_PASS = 129
 REPLICATE_BUDGETS = (24, 47, 71)  # trials after the first pass (71: the README's 200-trial search; 47 = 2/3 of it)
+SMOKE_BUDGETS = (3, 6)  # the smoke run: every planner and judge on a few replicate trials (a knowledge-gradient
+#                         trial costs tens of milliseconds: 71 of them per study made most of the whole smoke's time)
 STUDIES = 1000
 QUIETER = 0.5  # the quieter rows' paired sd, as a fraction of PAIRED_SD
 
@@ -343,10 +345,11 @@ def target_misses(rows: list[dict[str, object]]) -> list[str]:
 def run(cfg: BenchConfig) -> Figure:
     started = time.perf_counter()
     studies = 1 if cfg.smoke else STUDIES
-    rows = measure(POLICIES, studies, cfg.threads, cfg.seed)
+    budgets = SMOKE_BUDGETS if cfg.smoke else REPLICATE_BUDGETS
+    rows = measure(POLICIES, studies, cfg.threads, cfg.seed, budgets)
     misses = target_misses(rows)
     by = {(r["policy"], r["noise"], r["replicate trials"]): r for r in rows}
-    full = max(REPLICATE_BUDGETS)
+    full = max(budgets)
     summary = "; ".join(f"{noise}, {full} trials: " + ", ".join(
         f"{policy} {by[(policy, noise, full)]['P(pick = true best)']:.3f}" for policy in POLICIES)
         for noise, _ in NOISES)
@@ -357,11 +360,13 @@ def run(cfg: BenchConfig) -> Figure:
         target="adaptive: P(pick = true best) not below the pick-only allocation's beyond sampling error at every "
                "noise and budget; the pick's 95 % interval covers >= 95 %; the true best in the tied set >= 90 %; "
                f"median minimum detectable gain within {MDG_RATIO_TARGET}x of the allocation limit",
-        method=(f"{studies} simulated studies per policy and noise, judged after 24, 47 and 71 replicate trials (the "
-                f"planners are anytime: one study, three prefixes): the cpu prism space (129 schedules), true means "
-                f"sd {SPREAD_SD}, the best {BEST_GAP} ahead; scores = mean + shared seed effect (sd {SEED_SD}) + "
-                f"paired noise (difference sd {PAIRED_SD}, and x{QUIETER} in the quieter rows); trials planned by "
-                "nas.study.planning.plan_next, studies judged by reports.summary.summarise; oracle: top-two Thompson "
+        method=(f"{studies} simulated studies per policy and noise, judged after "
+                f"{', '.join(map(str, budgets[:-1]))} and {budgets[-1]} replicate trials (the "
+                f"planners are anytime: one study, {len(budgets)} prefixes): the cpu prism space (129 schedules), "
+                f"true means sd {SPREAD_SD}, the best {BEST_GAP} ahead; scores = mean + shared seed effect "
+                f"(sd {SEED_SD}) + paired noise (difference sd {PAIRED_SD}, and x{QUIETER} in the quieter rows); "
+                "trials planned by nas.study.planning.plan_next, studies judged by reports.summary.summarise; "
+                "oracle: top-two Thompson "
                 "sampling that knows the prior and the seed effects (a reference, not a policy)"),
         columns=["policy", "noise", "replicate trials", "studies", "P(pick = true best)", "P(true best in tied set)",
                  "mean regret (nats)", "mean tied-set size", "interval coverage (nominal 95 %)",

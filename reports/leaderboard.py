@@ -21,7 +21,7 @@ from typing import Any
 import optuna
 import pandas as pd
 from optuna.trial import FrozenTrial
-from scipy import stats
+from scipy.special import stdtrit
 
 from nas.arch import format_plateaus
 from nas.stats.scores import ShapeScores, mean_by_seed, seed_adjusted_means
@@ -34,7 +34,7 @@ def ci95(values: list[float] | tuple[float, ...]) -> float | None:
     n = len(values)
     if n < 2:
         return None
-    return float(stats.t.ppf(0.975, n - 1)) * stdev(values) / math.sqrt(n)
+    return float(stdtrit(n - 1, 0.975)) * stdev(values) / math.sqrt(n)
 
 
 def leaderboard(study: optuna.Study, top: int | None = None) -> pd.DataFrame:

@@ -52,8 +52,15 @@ def test_the_site_builds_strictly_offline(tmp_path):
     assert "gpu-prism" in (tmp_path / "site" / "reference" / "presets" / "index.html").read_text()
 
 
+SCALED_DOWN = {"--top": "2", "--seeds": "1", "--workers": "1"}  # reruns of 2 shapes on 1 seed, one worker
+
+
 def tiny(args: list[str]) -> list[str]:
-    """A training command as the test runs it: the tiny preset, 1k tokens, 2 trials."""
+    """A training command as the test runs it: the tiny preset, 1k tokens, 2 trials, a rerun of 2 shapes on 1 seed,
+    one worker (the concurrency tests start several)."""
+    for option, value in SCALED_DOWN.items():
+        if option in args:
+            args[args.index(option) + 1] = value
     if "--preset" in args:
         args[args.index("--preset") + 1] = "tiny"
     else:

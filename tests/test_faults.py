@@ -8,9 +8,9 @@ Kill points, injected by a wrapper that starts ``nas search`` in a fresh interpr
 this is in the tool itself): ``training`` (at a random intermediate evaluation), ``final
 evaluation`` (inside the last evaluation, before any result is written), ``result write`` (the
 transaction that stores a trial's result has run its statements and dies before its commit), and
-``anytime`` (a timer at a random moment, startup and storage reads included). The four kill loops
-run side by side, one per core the test process may use. With ``--workers
-2`` the whole process group, or one worker, is killed from outside at a random moment.
+``anytime`` (a timer at a random moment, startup and storage reads included). Two kill loops (each
+point struck once) run side by side, one per core the test process may use. With ``--workers 2`` the whole
+process group, then one worker, is killed from outside at a random moment.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ pytestmark = pytest.mark.slow
 
 KILLS = {"survived": 0}
 POINTS = ("training", "final evaluation", "result write", "anytime")
+FIRST_POINTS = (0, 2)  # the kill loops' first points: with two attempts each, every point is struck once
 TRIALS = 8  # 3 members walked, then 5 adaptive replicate trials
 SEARCH = ["search", *SPACE3, *TINY, "--trials", str(TRIALS), "--heartbeat", "1", "--threads", "1"]
 
@@ -141,15 +142,15 @@ def assert_clean_finish(proc: subprocess.CompletedProcess[str]) -> None:
 
 
 def kill_loop(folder: Path, first_point: int, core: int) -> int:
-    """One study killed up to three times, at three of the four points in turn from ``first_point`` (so each point
-    is struck in three of the four studies), then resumed to the end and checked; returns the kills it survived.
+    """One study killed up to twice, at two of the four points in turn from ``first_point`` (two studies strike each
+    point once), then resumed to the end and checked; returns the kills it survived.
     Its processes run on ``core`` alone."""
     folder.mkdir()
     storage = sqlite_url(folder / "faults.db")
     args = [*SEARCH, "--storage", storage, "--study-name", "faults"]
     rng = random.Random(first_point)
     kills = 0
-    for attempt in range(3):
+    for attempt in range(2):
         point = POINTS[(first_point + attempt) % len(POINTS)]
         proc = faulty_search(args, folder, point, rng.randrange(2**31), core)
         if proc.returncode == -signal.SIGKILL:
@@ -159,7 +160,7 @@ def kill_loop(folder: Path, first_point: int, core: int) -> int:
         break
     else:
         assert_clean_finish(faulty_search(args, folder, "none", 0, core))  # the same command, no fault
-    assert kills >= 2, f"{POINTS[first_point]}: the faults seldom struck, the test tests little"
+    assert kills >= 1, f"{POINTS[first_point]}: the faults seldom struck, the test tests little"
     trials = load_trials(storage, "faults")
     assert_no_repeated_work(trials, TRIALS)
     assert not [t.number for t in trials if t.state == TrialState.WAITING]
@@ -168,7 +169,7 @@ def kill_loop(folder: Path, first_point: int, core: int) -> int:
 
 
 def test_searches_killed_again_and_again_at_random_points_resume_to_exactly_the_requested_trials(tmp_path):
-    """Four studies, one per first kill point, each killed up to three times and resumed (``kill_loop``).
+    """Two studies, from the first and the third kill point, each killed up to twice and resumed (``kill_loop``).
 
     The studies are independent and each pins its processes to one core, so they run side by side, one
     per core this process may use (one at a time in a pytest-xdist lane of one core, two at a time in a
@@ -185,8 +186,8 @@ def test_searches_killed_again_and_again_at_random_points_resume_to_exactly_the_
             cores.put(core)
 
     with ThreadPoolExecutor(max_workers=len(os.sched_getaffinity(0))) as pool:
-        kills = list(pool.map(on_a_free_core, range(len(POINTS))))
-    print(f"\nkills per first point {dict(zip(POINTS, kills))}")
+        kills = list(pool.map(on_a_free_core, FIRST_POINTS))
+    print(f"\nkills per first point {dict(zip((POINTS[i] for i in FIRST_POINTS), kills))}")
     KILLS["survived"] += sum(kills)
 
 
@@ -198,12 +199,12 @@ def worker_pids(parent: int) -> list[int]:
 
 
 def test_two_workers_killed_at_random_moments_resume_to_exactly_the_requested_trials(tmp_path):
-    """The whole group, or one worker, SIGKILLed from outside at a random moment, three times; then resumed."""
+    """The whole group, then one worker, SIGKILLed from outside at a random moment; then resumed."""
     storage = sqlite_url(tmp_path / "two.db")
     args = [*SEARCH, "--trials", "8", "--workers", "2", "--storage", storage, "--study-name", "two"]
     rng = random.Random(7)
     kills = 0
-    for attempt in range(3):
+    for attempt in range(2):
         log = tmp_path / f"attempt{attempt}.log"
         process = start_nas(*args, cwd=tmp_path, log=log, cores=None)
         time.sleep(rng.uniform(3.0, 9.0))
@@ -308,7 +309,7 @@ def test_a_full_disk_stops_the_search_with_one_line_and_it_resumes_when_space_is
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)
 
 
-def test_at_least_ten_kills_were_survived():
+def test_at_least_five_kills_were_survived():
     """Runs after the kill tests of this module (pytest keeps file order): the figure the README quotes."""
     print(f"\nkills survived: {KILLS['survived']}")
-    assert KILLS["survived"] >= 10, KILLS
+    assert KILLS["survived"] >= 5, KILLS

@@ -20,7 +20,7 @@ def test_search_best_rerun_and_report_confirm_or_refute_the_pick_at_full_length(
     assert search.returncode == 0, search.stderr[-3000:]
     best = run_nas("best", "--storage", storage, "--study-name", "hg", "--top", "3", cwd=tmp_path)
     assert best.returncode == 0 and "(baseline)" in best.stdout, best.stderr
-    rerun = run_nas("rerun", "--storage", storage, "--study-name", "hg", "--preset", "tiny", "--tokens", "8192",
+    rerun = run_nas("rerun", "--storage", storage, "--study-name", "hg", "--preset", "tiny", "--tokens", "4096",
                     "--top", "2", "--seeds", "2", "--runs", str(tmp_path / "runs"), "--threads", "1",
                     cwd=tmp_path, timeout=900, cores=None)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
@@ -29,7 +29,7 @@ def test_search_best_rerun_and_report_confirm_or_refute_the_pick_at_full_length(
                      cwd=tmp_path)
     assert report.returncode == 0, report.stderr
     html = unescape((tmp_path / "r.html").read_text())
-    verdict = re.search(r"preset tiny \(8,192 tokens[^)]*\)[^<]*Kendall tau [+-][0-9.]+[^<]*", html) or \
+    verdict = re.search(r"preset tiny \(4,096 tokens[^)]*\)[^<]*Kendall tau [+-][0-9.]+[^<]*", html) or \
         re.search(r"preset tiny[^<]*Kendall tau [+-][0-9.]+[^<]*", html)
     assert verdict, "the re-runs' verdict is missing from the report"
     # the answer's pick, checked at full length: held, reversed, not resolved, or the pick was the baseline

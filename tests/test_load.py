@@ -1,7 +1,7 @@
 """Load: four local workers and a second study in one SQLite file, read meanwhile by `nas report`, `nas best`
 and optuna-dashboard. No lock error, no lost or duplicated trial, every read answered.
 
-CI runs it for ``NAS_LOAD_TEST_S`` seconds (default 12); by hand, a longer run:
+CI runs it for ``NAS_LOAD_TEST_S`` seconds (default 8); by hand, a longer run:
 
     NAS_LOAD_TEST_S=1800 python -m pytest -q -s -n 0 tests/test_load.py
 
@@ -31,7 +31,7 @@ from search_helpers import NAS, TINY, counted, load_trials, nas_env, sqlite_url,
 
 from nas.study.records import key_seed
 
-DURATION_S = float(os.environ.get("NAS_LOAD_TEST_S", "12"))
+DURATION_S = float(os.environ.get("NAS_LOAD_TEST_S", "8"))
 MIN_READS = 2  # each reader (report, best, dashboard) answered at least this often while the writers write
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(DURATION_S + 900)]  # the duration, then its wind-down
 BAD_WORDS = ("database is locked", "Traceback", "OperationalError")

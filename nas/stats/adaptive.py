@@ -11,10 +11,11 @@ base seed and its number of scores, so a study's state is reproducible from its 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import norm as NORMAL
+from scipy.special import ndtr
 
 from nas.stats.comparisons import ALPHA
 from nas.stats.scores import ShapeScores
@@ -113,4 +114,4 @@ def knowledge_gradients(mu: np.ndarray, v: np.ndarray, s2: float) -> np.ndarray:
     order = np.argsort(mu, kind="stable")
     rival = np.where(np.arange(len(mu)) == order[0], mu[order[1]], mu[order[0]])  # (S,): the best of the others
     z = -np.abs(mu - rival) / np.maximum(tilde, 1e-300)
-    return tilde * (z * NORMAL.cdf(z) + NORMAL.pdf(z))
+    return tilde * (z * ndtr(z) + np.exp(-z * z / 2) / math.sqrt(2 * math.pi))  # z Phi(z) + phi(z)

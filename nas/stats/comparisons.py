@@ -21,7 +21,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from statistics import fmean, stdev
 
-from scipy import stats
+# the t distribution's cdf and quantile from scipy.special: scipy.stats takes a second to import, in every process
+from scipy.special import stdtr, stdtrit
 
 from nas.stats.scores import ShapeScores
 
@@ -95,9 +96,9 @@ def paired_gain(shape: ShapeScores, reference: ShapeScores, exclude_seeds: Itera
     if sd is None or df < 1:
         return PairedGain(n, mean_d, 100 * mean_d / base, None, None, None, None)
     se = sd / math.sqrt(n)
-    half = float(stats.t.ppf(1 - alpha / 2, df)) * se
+    half = float(stdtrit(df, 1 - alpha / 2)) * se
     if se > 0:
-        p = float(2 * stats.t.sf(abs(mean_d) / se, df))
+        p = float(2 * stdtr(df, -abs(mean_d) / se))
     else:
         p = 0.0 if mean_d != 0 else 1.0
     return PairedGain(n, mean_d, 100 * mean_d / base, 100 * (mean_d - half) / base, 100 * (mean_d + half) / base,
@@ -131,7 +132,7 @@ def worse_than(scores: dict[str, ShapeScores], best: str) -> dict[str, float]:
             continue
         df = pooled[1] if gain.pooled else gain.n - 1
         t = -gain.mean_difference / (gain.sd / math.sqrt(gain.n))
-        p_values[key] = float(stats.t.sf(t, df))
+        p_values[key] = float(stdtr(df, -t))
     return p_values
 
 
@@ -167,6 +168,8 @@ def kendall_tau(proxy: dict[str, list[float]], full: dict[str, list[float]], top
     keys = sorted(set(proxy) & set(full))
     if len(keys) < 2:
         return None
+
+    from scipy import stats
 
     def tau_of(p: list[float], f: list[float]) -> float:
         value = stats.kendalltau(p, f).statistic

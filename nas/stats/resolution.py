@@ -37,7 +37,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import optimize, stats
+from scipy.special import nctdtr, ndtri, stdtrit  # scipy.stats' t, noncentral t and normal, without its import
 
 from nas.stats.scores import ShapeScores
 from nas.stats.shrinkage import Fit, credible_quantile, fit
@@ -50,18 +50,25 @@ MAX_SEEDS = 100_000
 def power(delta: float, sd: float, n: int, alpha: float, df: int | None = None) -> float:
     """P(the lower end of the two-sided ``1 - alpha`` paired t interval is above 0) at a true gain ``delta``."""
     df = n - 1 if df is None else df
-    critical = float(stats.t.ppf(1 - alpha / 2, df))
-    return float(stats.nct.sf(critical, df, delta * math.sqrt(n) / sd))
+    critical, noncentrality = float(stdtrit(df, 1 - alpha / 2)), delta * math.sqrt(n) / sd
+    sf = 1 - float(nctdtr(df, noncentrality, critical))  # the noncentral t's survival function
+    if math.isfinite(sf):
+        return sf
+    from scipy import stats  # cdflib's nctdtr fails (NaN) far out (df 1563, noncentrality 40); Boost's does not
+
+    return float(stats.nct.sf(critical, df, noncentrality))
 
 
 def detectable_gain(sd: float, n: int, alpha: float, df: int | None = None, target: float = POWER) -> float:
     """The true paired gain (nats) that the test detects with probability ``target`` (the module docstring)."""
+    from scipy.optimize import brentq  # here: only a race's or fixed replicates' answer needs it
+
     if sd <= 0:
         return 0.0
     high = sd
     while power(high, sd, n, alpha, df) < target:
         high *= 2
-    return float(optimize.brentq(lambda delta: power(delta, sd, n, alpha, df) - target, 0.0, high, xtol=1e-10))
+    return float(brentq(lambda delta: power(delta, sd, n, alpha, df) - target, 0.0, high, xtol=1e-10))
 
 
 def seeds_needed(gain: float, sd: float, alpha: float) -> int | None:
@@ -181,7 +188,7 @@ def posterior_resolution(design: GainDesign | None, n: int, baseline_n: int, alp
     if design is None or design.g <= 0 or baseline_loss <= 0:
         return None
     z = credible_quantile(design.df, alpha)  # the interval's own quantile (nas.stats.shrinkage.Fit.quantile)
-    gain = (z * math.sqrt(design.s2 * design.q) + stats.norm.ppf(POWER) * math.sqrt(design.s2 * design.c2)) / design.g
+    gain = (z * math.sqrt(design.s2 * design.q) + ndtri(POWER) * math.sqrt(design.s2 * design.c2)) / design.g
     sd = math.sqrt(2 * design.s2)
     return Resolution(n, sd, 0, alpha, baseline_loss, float(gain),
                       {share: seeds_needed(share * baseline_loss, sd, alpha) for share in TARGET_SHARES}, baseline_n)

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from statistics import NormalDist
 
 import numpy as np
-from scipy import stats
+from scipy.special import stdtrit
 
 from nas.stats.comparisons import ALPHA
 from nas.stats.mixed_model import Likelihood, Solution, design_sums, solve
@@ -193,7 +193,7 @@ class Fit:
 
 def credible_quantile(df: int, alpha: float = ALPHA) -> float:
     """``t_{1 - alpha/2, df}`` (``Z`` for ``df`` <= 0: a known ``s2``)."""
-    return float(stats.t.ppf(1 - alpha / 2, df)) if df > 0 else Z
+    return float(stdtrit(df, 1 - alpha / 2)) if df > 0 else Z
 
 
 def fit(scores: dict[str, ShapeScores], min_tau_ratio: float = 0.0, plug_in: bool = False,
