@@ -5,7 +5,7 @@ mean of the shape's paired difference from it: a one-seed shape is shown at the 
 expected to keep (``expected_gain_pct`` with its 95 % posterior interval, ``shrink`` the weight its own
 seeds get), so one lucky seed does not top the board. ``adjusted_loss``
 (``nas.study.records.seed_adjusted_means``) is the unshrunk loss put on the baseline's seeds.
-``ci95 = t_{0.975, n-1} * s / sqrt(n)`` (Student's t quantile from ``scipy.stats``, sample
+``ci95 = t_{0.975, n-1} * s / sqrt(n)`` (Student's t quantile, ``scipy.special.stdtrit``, sample
 standard deviation ``s`` over the shape's seed replicates; none for a single seed).
 ``gain_pct = 100 (L_base - L_adj) / L_base``: positive when the shape beats the baseline's mean loss.
 Shapes and their means come from ``nas.study.records.scores_by_shape``, the one place a shape's

@@ -172,6 +172,16 @@ def test_a_budget_no_grouped_member_can_match_is_refused():
         space.count()
 
 
+def test_a_search_on_a_budget_no_grouped_member_can_match_is_one_line_exit_2_and_stores_nothing(tmp_path):
+    database = tmp_path / "nas.db"
+    result = CliRunner().invoke(app, ["search", "--space", "hourglass", "--fix", "attention", "--hidden-multiple", "64",
+                                      "--kv-groups", "2", "--trials", "3", "--storage", f"sqlite:///{database}"])
+    assert result.exit_code == 2, result.output
+    assert "no grid point with grouped key/value heads matches the budget" in result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.output
+    assert not database.exists()  # refused before the storage was made
+
+
 @pytest.mark.parametrize("args, says", [
     (["count", "--space", "prism", "--kv-groups", "5"], "does not divide the baseline's 12 heads"),
     (["count", "--space", "joint", "--kv-groups", "2,x"], "is not a comma-separated list of ints"),

@@ -10,7 +10,8 @@ carries. For a shape ``c`` and a reference ``r`` on common seeds ``s``::
 With one common seed ``sd(d)`` is not estimable from the pair itself; it is then taken from the
 study's pooled paired-difference sd (``pooled_paired_sd``: the within-pair variances of every
 shape that has two or more common seeds with the reference, pooled with their degrees of
-freedom), which ``t`` uses as its ``df``. Tests and quantiles come from ``scipy.stats``.
+freedom), which ``t`` uses as its ``df``. Tests and quantiles come from ``scipy.special`` (the distributions
+of ``scipy.stats`` without its import).
 """
 
 from __future__ import annotations

@@ -140,10 +140,10 @@ def open_search(config: SearchConfig, worker: int = 0, create: bool = True) -> S
     ident = identity(config, space, train, data)
     name = study_name(config, space, train, data)
     config = replace(config, study_name=name)
+    exhaustive = space.count() <= config.trials  # a space no member fits (a budget no member matches) says so here
     storage = make_storage(config.storage, heartbeat_interval=config.heartbeat_interval)
     directions = [OBJECTIVES[o] for o in config.objectives]
     sampler = make_sampler(config, seed=None)  # the study's own; proposals draw through trial.proposal_sampler
-    exhaustive = space.count() <= config.trials
     pruner = make_pruner(config, train, exhaustive)
     created = False
     if create:
