@@ -222,9 +222,33 @@ def split_tau(table: dict[str, dict[int, float]]) -> float:
     return statistics.fmean(taus)
 
 
-def panel_quality(runs: list[dict[str, Any]], baseline: str) -> dict[str, Any]:
+def panel_quality(runs: list[dict[str, Any]], baseline: str, shapes: list[dict[str, Any]] | None = None
+                  ) -> dict[str, Any]:
+    """The panel's noise and self-agreement; with ``shapes`` (their records) the width-depth fit too."""
     table = losses_by_shape(runs)
-    return {**noise(table, baseline), "halves_kendall_tau": halves_tau(table), "split_tau": split_tau(table)}
+    quality = {**noise(table, baseline), "halves_kendall_tau": halves_tau(table), "split_tau": split_tau(table)}
+    if shapes is not None:
+        quality["width_depth"] = width_depth(table, shapes)
+    return quality
+
+
+def width_depth(table: dict[str, dict[int, float]], shapes: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The panel's optimum ``d_model / L`` (``reports.width_depth.fit_width_depth``: a weighted quadratic in
+    ``log(d_model / L)`` over the shapes' seed means, its 95 % bootstrap interval over seeds), over every shape and
+    over the ``K = 1`` shapes alone; None where fewer than three ratios were trained (a Prism panel: one ratio)."""
+    from reports.width_depth import WidthDepthPoint, fit_width_depth
+
+    def fitted(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+        points = [WidthDepthPoint(r["label"], r["d_model"] / r["n_layers"], tuple(table[r["key"]].values()))
+                  for r in records if table.get(r["key"]) and r.get("d_model") and r.get("n_layers")]
+        fit = fit_width_depth(points)
+        if fit is None or fit.minimum is None:
+            return None
+        return {"optimum": fit.minimum, "low": fit.low, "high": fit.high, "shapes": fit.n_points,
+                "ratio_range": list(fit.x_range), "inside": fit.minimum_inside}
+
+    every = fitted(shapes)
+    return None if every is None else {"all": every, "k1": fitted([r for r in shapes if r.get("k") == 1])}
 
 
 def _commit() -> str:
@@ -282,7 +306,7 @@ def build_panel(smoke: bool = False, cache_dir: str | None = None, processes: in
     runs = train_runs(shapes, train, seeds, cache_dir, processes, done=done, on_run=write)
     write(runs)
     panel["complete"] = True
-    panel["quality"] = panel_quality(runs, shapes[0].key())
+    panel["quality"] = panel_quality(runs, shapes[0].key(), panel["shapes"])
     return panel
 
 
@@ -307,16 +331,33 @@ def main(argv: list[str] | None = None) -> int:
                         "in benchmarks/data)")
     parser.add_argument("--processes", type=int, default=2, help="runs at a time, one core each")
     parser.add_argument("--cache-dir", default=None, help="data cache (default $NAS_CACHE or the user cache)")
+    parser.add_argument("--summary", action="store_true", help="train nothing: print the stored panel's quality "
+                        "and width-depth optimum (read from --out or the space's file)")
     args = parser.parse_args(argv)
     out = args.out or panel_file(args.space)
-    panel = build_panel(args.smoke, args.cache_dir, max(1, args.processes), args.space, out)
-    _write_json(out, panel)
+    if args.summary:
+        if not out.exists():
+            print(f"error: no panel at {out}: run without --summary to train it", file=sys.stderr)
+            return 2
+        panel = load_panel(out)
+        panel["quality"] = panel_quality(panel["runs"], panel["baseline"], panel["shapes"])
+    else:
+        panel = build_panel(args.smoke, args.cache_dir, max(1, args.processes), args.space, out)
+        _write_json(out, panel)
     q = panel["quality"]
-    print(f"wrote {out}: {len(panel['runs'])} runs in {panel['made']['wall_time_s'] / 60:.1f} min; seed sd "
+    print(f"{'read' if args.summary else 'wrote'} {out}: {len(panel['runs'])} runs in "
+          f"{panel['made']['wall_time_s'] / 60:.1f} min; seed sd "
           f"{q['seed_sd']:.4f}, paired sd {q['paired_sd']:.4f}, spread {q['true_mean_spread']:.4f}, separation "
           f"{q['separation']:.2f}, halves tau {q['halves_kendall_tau']['tau']:+.2f} "
           f"[{q['halves_kendall_tau']['low']:+.2f}, {q['halves_kendall_tau']['high']:+.2f}], split tau "
           f"{q['split_tau']:+.2f}")
+    fit = q.get("width_depth")
+    if fit:
+        k1 = fit["k1"]
+        every = fit["all"]
+        print(f"width-depth optimum d_model/L {every['optimum']:.0f} [{every['low']:.0f}, {every['high']:.0f}] over "
+              f"{every['shapes']} shapes (trained {every['ratio_range'][0]:.0f}-{every['ratio_range'][1]:.0f})"
+              + (f"; K = 1 alone {k1['optimum']:.0f} [{k1['low']:.0f}, {k1['high']:.0f}]" if k1 else ""))
     return 0
 
 

@@ -147,3 +147,13 @@ def test_the_docs_plots_of_figures_10_11_and_12_draw_every_recorded_row() -> Non
     assert len(separation) == points >= 15
     curves = [c["result"]["pruning_spearman"] for c in fidelity["configs"] if c["result"].get("pruning_spearman")]
     assert sum(len(t.x) for t in figure_11().data) == sum(len(c) for c in curves) >= 40
+
+
+def test_the_stored_hourglass_panel_gives_the_width_depth_optimum_the_docs_quote(capsys) -> None:
+    from benchmarks.reference_panel import main
+
+    assert main(["--space", "hourglass", "--summary"]) == 0
+    printed = capsys.readouterr().out
+    assert "halves tau +0.76 [+0.59, +0.82]" in printed
+    assert "width-depth optimum d_model/L 167 [130, 239] over 17 shapes" in printed  # docs/concepts/proxy.md
+    assert "K = 1 alone 134 [107, 189]" in printed
