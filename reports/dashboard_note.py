@@ -12,7 +12,6 @@ import shlex
 import time
 
 import optuna
-import optuna_dashboard
 
 from reports.frame import StudyData, read_study
 from reports.leaderboard import expected_gain_text
@@ -49,6 +48,9 @@ def note_text(data: StudyData, top: int = NOTE_ROWS) -> str:
 
 
 def refresh_note(study: optuna.Study) -> None:
+    import optuna_dashboard  # here, not at the top: it imports optuna.importance and scikit-learn (2 s of CPU),
+    # which a search's parent and its workers other than the note's writer never need
+
     optuna_dashboard.save_note(study, note_text(read_study(study)))
 
 

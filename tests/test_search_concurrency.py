@@ -97,6 +97,16 @@ def test_four_local_workers_on_the_default_sqlite_storage(tmp_path):
     # nothing failed but the trials that stood down when workers raced for the last slots
     assert not [t.number for t in trials if t.state == TrialState.FAIL and not t.user_attrs.get("surplus")]
     assert not [t.number for t in trials if t.state == TrialState.WAITING]
+    # one worker writes the dashboard's note, last once the study is complete: it states the final answer
+    from optuna_dashboard._note import get_note_from_system_attrs
+
+    from reports.frame import read_study
+    from reports.summary import summarise
+
+    storage = optuna.storages.RDBStorage(sqlite_url(tmp_path / "nas.db"))
+    study = optuna.load_study(study_name="four", storage=storage)
+    note = get_note_from_system_attrs(storage.get_study_system_attrs(study._study_id), None)["body"]
+    assert note.startswith("## four") and f"**{summarise(read_study(study)).sentence}**" in note
     if not overlapping(trials):  # every guarantee above held; only the evidence of parallelism is missing
         pytest.skip("the workers never trained at the same time (machine too loaded to show parallelism)")
 

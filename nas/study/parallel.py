@@ -23,7 +23,7 @@ from nas.study.placement import Placement, apply_placement, cpu_cores, gpu_count
 from nas.study.session import Search, open_search
 from nas.study.signals import Terminated, interruptible, raise_if_stopped
 from nas.study.trial import POLL_S
-from nas.study.worker import SearchAborted, StudyNote, TrialEvent, run_worker, trials_done
+from nas.study.worker import SearchAborted, StudyNote, TrialEvent, refresh_note, run_worker, trials_done
 from runners.distributed import die_with_parent
 from runners.presets import get_preset
 
@@ -107,7 +107,9 @@ def run_search(config: SearchConfig, on_event: Callable[[TrialEvent], None] | No
     """Open (or resume) the study and run ``config.workers`` workers until it holds ``trials`` counted trials.
 
     Each worker trains where ``placements`` puts it; a single worker runs in this process. ``note`` (picklable: it
-    goes to every worker process) refreshes the study's note for readers (``nas.study.worker.run_worker``)."""
+    goes to worker 0's process) refreshes the study's note for readers (``nas.study.worker.run_worker``): one writer
+    is enough, as every worker returns only once the study is complete, and the others are spared its imports and
+    its fits (a second of CPU or more a worker); if worker 0 died, this process writes the final note."""
     config.validate()
     places = placements(config)
     workers = len(places)
@@ -122,8 +124,9 @@ def run_search(config: SearchConfig, on_event: Callable[[TrialEvent], None] | No
     config = search.config  # carries the resolved study name
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
-    processes = [context.Process(target=_worker_main, args=(placed(config, p, workers), p.worker, queue, p, note),
-                                 daemon=False) for p in places]
+    processes = [context.Process(target=_worker_main, daemon=False,
+                                 args=(placed(config, p, workers), p.worker, queue, p, note if i == 0 else None))
+                 for i, p in enumerate(places)]
     for p in processes:
         p.start()
     errors, died, finished = [], [], set()
@@ -152,5 +155,7 @@ def run_search(config: SearchConfig, on_event: Callable[[TrialEvent], None] | No
         _wait_for_workers(processes, queue)
     if errors or (died and trials_done(search.study) < config.trials):
         raise SearchAborted("; ".join(errors + died))
+    if note is not None and processes[0].exitcode != 0:  # worker 0, the note's writer, did not finish it
+        refresh_note(note, search.study, force=True)
     search.notes.extend(f"{message}; the other workers completed the study" for message in died)
     return search

@@ -95,7 +95,7 @@ def run_worker(search: Search, on_event: Callable[[TrialEvent], None] | None = N
             finished = None
             counted = sum(counts(t) for t in trials)
             if counted >= target:
-                _refresh_note(note, study, force=True)
+                refresh_note(note, study, force=True)
                 return trained
             if counted + sum(in_flight(t) for t in trials) >= target:
                 fail_abandoned(study, search.storage, search.study_id)
@@ -134,7 +134,7 @@ def run_worker(search: Search, on_event: Callable[[TrialEvent], None] | None = N
                         state, reason = "stale", heartbeat.lost_reason()  # another worker failed and re-queued it
             trained += state not in ("duplicate", "error", "stale")
             if state not in ("duplicate", "error", "stale"):
-                _refresh_note(note, study)
+                refresh_note(note, study)
             duplicate_streak = duplicate_streak + 1 if state == "duplicate" else 0
             error_streak = error_streak + 1 if state == "error" else 0
             finished = (trial.number, role, arch, seed, state, loss, time.perf_counter() - started, reason)
@@ -158,7 +158,7 @@ def run_worker(search: Search, on_event: Callable[[TrialEvent], None] | None = N
             finished = None
 
 
-def _refresh_note(note: StudyNote | None, study: optuna.Study, force: bool = False) -> None:
+def refresh_note(note: StudyNote | None, study: optuna.Study, force: bool = False) -> None:
     """Refresh the study's note; a failure is a warning, never a reason to stop the search."""
     if note is None:
         return
