@@ -52,6 +52,7 @@ from typing import Any
 from benchmarks.reference_panel import (
     HOURGLASS_FILE,
     REFERENCE_FILE,
+    current_commit,
     load_panel,
     losses_by_shape,
     noise,
@@ -227,6 +228,18 @@ def pruning_markdown(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def made() -> dict[str, Any]:
+    """Where a configuration's runs came from: the commit, the date, the machine and its load when they finished
+    (a load above the processes used means the CPU seconds were shared with other work)."""
+    import os
+    from datetime import datetime, timezone
+
+    from benchmarks.harness import machine_info
+
+    return {"commit": current_commit(), "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "machine": machine_info(1, "cpu"), "load_average": [round(x, 2) for x in os.getloadavg()]}
+
+
 def run_configs(configs: tuple[ProxyConfig, ...], smoke: bool, processes: int, space: str = "prism",
                 on_config: Any = None) -> dict[str, Any]:
     base96 = panel_shapes(smoke, space)
@@ -242,7 +255,7 @@ def run_configs(configs: tuple[ProxyConfig, ...], smoke: bool, processes: int, s
         started = time.perf_counter()
         runs = train_runs(shapes, train, seeds, processes=processes)
         out["configs"].append({"name": config.name, "train": train.to_dict(), "d_model": config.d_model,
-                               "key_map": key_map, "seeds": list(seeds),
+                               "key_map": key_map, "seeds": list(seeds), "made": made(),
                                "wall_time_s": time.perf_counter() - started, "runs": runs})
         if on_config is not None:  # a long run keeps every finished configuration
             on_config(out)

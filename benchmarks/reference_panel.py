@@ -251,7 +251,7 @@ def width_depth(table: dict[str, dict[int, float]], shapes: list[dict[str, Any]]
     return None if every is None else {"all": every, "k1": fitted([r for r in shapes if r.get("k") == 1])}
 
 
-def _commit() -> str:
+def current_commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
                               text=True, timeout=10).stdout.strip() or "unknown"
@@ -279,7 +279,7 @@ def build_panel(smoke: bool = False, cache_dir: str | None = None, processes: in
             "reference panel: the baseline and Prism schedules of the cpu proxy's space, 8x the proxy's tokens")
     panel: dict[str, Any] = {
         "what": what, "space": space, "complete": False,
-        "made": {"commit": _commit(), "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "made": {"commit": current_commit(), "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                  "machine": {**machine_info(1, "cpu"), "platform": platform.platform(), "torch": torch.__version__},
                  "wall_time_s": 0.0, "processes": processes,
                  "command": "python -m benchmarks.reference_panel" + (f" --space {space}" if space != "prism" else "")

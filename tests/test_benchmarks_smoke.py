@@ -128,6 +128,8 @@ def test_the_reference_panel_and_the_proxy_fidelity_figure_run_end_to_end(tmp_pa
         "seed_sd", "paired_sd", "separation", "halves_kendall_tau"}
     figures = json.loads(fidelity.read_text())
     assert [len(c["runs"]) for c in figures["configs"]] == [6, 6]
+    assert all(c["made"]["commit"] and c["made"]["machine"]["cores"] and c["made"]["load_average"]
+               for c in figures["configs"])  # where each configuration's runs came from
     assert set(figures["configs"][0]["result"]["scores"]) == {"final", "train_mean", "train_last_half", "val_auc",
                                                               "extrapolated"}
 
