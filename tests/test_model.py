@@ -91,7 +91,7 @@ def test_logits_match_hf_llama_with_the_same_weights(arch: ArchConfig) -> None:
 ], ids=["dh8-T128", "dh12-T100", "dh32-T200", "dh8-T24", "sdpa-T600", "gqa-dh8-T128", "mqa-sdpa-T600"])
 def test_cpu_attention_paths_match_hf_in_logits_and_gradients(arch: ArchConfig, T: int, blocked: bool) -> None:
     """CPU training through BlockedCausalAttention (own forward and backward) or SDPA matches HF's eager LLaMA."""
-    from nas.model.kernels import use_blocked_attention
+    from nas.model.attention_kernels import use_blocked_attention
 
     # the path under test is taken (batch 3)
     assert use_blocked_attention(torch.device("cpu"), 3 * arch.heads[0], T, 4) == blocked

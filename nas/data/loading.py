@@ -37,12 +37,9 @@ import numpy as np
 import torch
 
 from nas.data.cache import cache_root
+from nas.data.discovery import FileEntry, expand_glob, list_directory, list_paths
 from nas.data.sources import (
-    FileEntry,
     builtin_documents,
-    expand_glob,
-    list_directory,
-    list_paths,
     load_npy,
     load_shards,
     load_text_corpus,

@@ -19,7 +19,7 @@ W_Q, W_K, W_V are one ``d -> 3d`` matmul and gate, up one
 ``BlockedCausalAttention`` instead of SDPA's flash kernel, and RMSNorm has its own backward
 (``RMSNormFunction``, 6 passes instead of autograd's ~13 through ``F.rms_norm``), as does the gated
 up-projection of wide FFNs (``GatedUpProjection``: no (N, 2F) gradient concatenation); these autograd
-functions live in ``nas.model.kernels``. On CPU in fp32,
+functions live in ``nas.model.kernels`` and ``nas.model.attention_kernels``. On CPU in fp32,
 the elementwise parts of RoPE, RMSNorm, the SwiGLU gate and the causal softmax run as one-pass C kernels
 (``nas.model.fused_cpu``, built on first use; PyTorch ops where no C compiler is found). All paths match HF
 within float rounding (tests check logits and gradients).
@@ -38,21 +38,23 @@ from torch import nn
 
 from nas.arch import ArchConfig
 from nas.model import fused_cpu
-from nas.model.kernels import (
-    GATED_UP_MIN_ELEMENTS,
+from nas.model.attention_kernels import (
     BlockedCausalAttention,
-    GatedUpProjection,
     GroupedBlockedCausalAttention,
     ProbabilityObserver,
+    blocked_attention_forward,
+    causal_mask,
+    grouped_attention_forward,
+    use_blocked_attention,
+)
+from nas.model.kernels import (
+    GATED_UP_MIN_ELEMENTS,
+    GatedUpProjection,
     RMSNormFunction,
     RotaryGroupedQKV,
     RotaryQKV,
     apply_function,
-    blocked_attention_forward,
-    causal_mask,
-    grouped_attention_forward,
     plain_cpu_fp32,
-    use_blocked_attention,
 )
 
 INIT_STD = 0.02  # GPT-2 / LLaMA reference initialisation
