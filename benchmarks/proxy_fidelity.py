@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -52,11 +53,11 @@ from typing import Any
 from benchmarks.reference_panel import (
     HOURGLASS_FILE,
     REFERENCE_FILE,
-    current_commit,
     load_panel,
     losses_by_shape,
     noise,
     panel_shapes,
+    provenance,
     split_tau,
     train_runs,
 )
@@ -229,15 +230,9 @@ def pruning_markdown(data: dict[str, Any]) -> str:
 
 
 def made() -> dict[str, Any]:
-    """Where a configuration's runs came from: the commit, the date, the machine and its load when they finished
-    (a load above the processes used means the CPU seconds were shared with other work)."""
-    import os
-    from datetime import datetime, timezone
-
-    from benchmarks.harness import machine_info
-
-    return {"commit": current_commit(), "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "machine": machine_info(1, "cpu"), "load_average": [round(x, 2) for x in os.getloadavg()]}
+    """Where a configuration's runs came from (``benchmarks.reference_panel.provenance``) and the machine's load when
+    they finished (a load above the processes used means the CPU seconds were shared with other work)."""
+    return {**provenance(), "load_average": [round(x, 2) for x in os.getloadavg()]}
 
 
 def run_configs(configs: tuple[ProxyConfig, ...], smoke: bool, processes: int, space: str = "prism",

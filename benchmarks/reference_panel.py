@@ -251,6 +251,15 @@ def width_depth(table: dict[str, dict[int, float]], shapes: list[dict[str, Any]]
     return None if every is None else {"all": every, "k1": fitted([r for r in shapes if r.get("k") == 1])}
 
 
+def provenance() -> dict[str, Any]:
+    """Where runs come from: the commit, the date (UTC) and the machine (``benchmarks.harness.machine_info``, its
+    load average at the start included, and the platform)."""
+    from benchmarks.harness import machine_info
+
+    return {"commit": current_commit(), "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "machine": {**machine_info(1, "cpu"), "platform": platform.platform()}}
+
+
 def current_commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
@@ -268,10 +277,6 @@ def build_panel(smoke: bool = False, cache_dir: str | None = None, processes: in
                 out: Path | None = None) -> dict[str, Any]:
     """Train (or finish) the panel; with ``out``, every run is written there as it finishes and runs already in an
     unfinished file of the same setup are kept."""
-    import torch
-
-    from benchmarks.harness import machine_info
-
     shapes, train = panel_shapes(smoke, space), panel_train(smoke)
     seeds = SEEDS[:2] if smoke else SEEDS
     what = (f"reference panel: the baseline and {len(shapes) - 1} members of the cpu proxy's default Hourglass grid "
@@ -279,9 +284,7 @@ def build_panel(smoke: bool = False, cache_dir: str | None = None, processes: in
             "reference panel: the baseline and Prism schedules of the cpu proxy's space, 8x the proxy's tokens")
     panel: dict[str, Any] = {
         "what": what, "space": space, "complete": False,
-        "made": {"commit": current_commit(), "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                 "machine": {**machine_info(1, "cpu"), "platform": platform.platform(), "torch": torch.__version__},
-                 "wall_time_s": 0.0, "processes": processes,
+        "made": {**provenance(), "wall_time_s": 0.0, "processes": processes,
                  "command": "python -m benchmarks.reference_panel" + (f" --space {space}" if space != "prism" else "")
                  + (" --smoke" if smoke else "")},
         "train": train.to_dict(), "data": "builtin", "baseline": shapes[0].key(),
