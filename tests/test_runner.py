@@ -132,11 +132,11 @@ def test_final_evaluation_scores_like_evaluate_and_measures_distance_on_the_firs
         attention_batches, seq_len, kernel, monkeypatch) -> None:
     """One pass gives the score (the mean over every batch) and D_l of the first batches, whichever attention path
     shows the probabilities; the reference is ``Transformer.analyse`` (explicit attention, one batch at a time)."""
-    import nas.model.kernels
+    import nas.model.attention_kernels
     import runners.proxy
 
     if kernel == "explicit":  # the path GPUs and long contexts take: P materialised, then observed
-        monkeypatch.setattr(nas.model.kernels, "BLOCKED_ATTENTION_MAX_T", 0)
+        monkeypatch.setattr(nas.model.attention_kernels, "BLOCKED_ATTENTION_MAX_T", 0)
     monkeypatch.setattr(runners.proxy, "EVAL_TOKENS_PER_FORWARD", 2 * 2 * seq_len)  # 2 of the 5 batches per forward
     torch.manual_seed(0)
     arch = ArchConfig(n_layers=2, d_model=48, heads=(3, 6), ffn=FFNShape(1, 32), vocab_size=50)
