@@ -32,7 +32,7 @@ detectable gain (``nas.stats.resolution``): every answer says how small a gain i
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from statistics import NormalDist
 from typing import Any
 
@@ -100,8 +100,9 @@ def adaptive_of(data: StudyData) -> AdaptiveState | None:
 
 
 def posterior_gain(data: StudyData, key: str) -> PairedGain | None:
-    """``key``'s shrunk gain over the baseline (``nas.stats.shrinkage``) with its 95 % posterior interval, as a
-    ``PairedGain`` (``p_value``: twice the posterior probability that the gain has the other sign)."""
+    """``key``'s shrunk gain over the baseline (``nas.stats.shrinkage``) with its 95 % posterior interval (robust to
+    the prior's tails), as a ``PairedGain`` (``p_value``: twice the posterior probability that the gain has the
+    other sign, with the interval's mean half-width taken as the posterior sd's multiple)."""
     model = data.model()
     gains = rank_shapes(data.scores, data.baseline_key, model).gains
     shrunk, base = gains.get(key), data.scores[data.baseline_key].mean  # type: ignore[index]
@@ -145,6 +146,9 @@ def study_resolution(data: StudyData, best: str | None) -> Resolution | None:
         return None
     if allocated_adaptively(data):  # the test is the shrunk gain's credible interval
         design = gain_design(data.scores, leader, data.baseline_key, data.model(plug_in=True))  # type: ignore[arg-type]
+        shrunk = rank_shapes(data.scores, data.baseline_key, data.model()).gains.get(leader)
+        if design is not None and shrunk is not None:  # the answer's interval is the robust one: its decisive end
+            design = replace(design, widening=shrunk.widening)
         return posterior_resolution(design, data.scores[leader].n, data.scores[data.baseline_key].n, ALPHA,
                                     data.scores[data.baseline_key].mean)
     gain = honest_gain(data, leader)

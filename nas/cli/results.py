@@ -109,7 +109,7 @@ def best(
         typer.echo(f"{r['rank']:>4}  {r['heads']:<28}{kv(r)} {r['k']:>2} {r['d_h']:>5} {r['d_model']:>5} "
                    f"{r['layers']:>3} {r['seeds']:>5}  {gains[0]:>26} {gains[1]:>26} {on_base:>13} "
                    f"{r['adjusted_loss']:>9.4f} {tied:>4} {r['params']:>10} {r['tokens_per_s'] or 0:>7.0f}{tag}")
-    answers = "the 95 % credible interval of the expected gain" if adaptive else \
+    answers = "the 95 % credible interval of the expected gain (robust to the prior's tails)" if adaptive else \
         "the 95 % paired t interval on common seeds"
     typer.echo(f"* the answer's interval: {answers}; the other gain column is per shape and ignores the choice of "
                "the best; 'on base seeds': the loss on the seeds the baseline trained too")

@@ -63,7 +63,7 @@ def adaptive_state(scores: dict[str, ShapeScores], baseline: str, base_seed: int
     caller has them already (a reader fits each once)."""
     if not scores:
         return AdaptiveState(None, {}, (), None)
-    pick = rank_shapes(scores, baseline, board).order[0]
+    pick = rank_shapes(scores, baseline, board, intervals=False).order[0]
     model = floored if floored is not None else fit(scores, MIN_TAU_RATIO, plug_in=plug_in)
     samples = model.draws(rng_for(scores, base_seed), draws_for(len(scores), draws)) if model else None
     if model is None or samples is None:

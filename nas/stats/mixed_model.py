@@ -51,31 +51,33 @@ def design_sums(shape: np.ndarray, seed: np.ndarray, y: np.ndarray, n_shapes: in
                    np.bincount(seed, minlength=n_seeds).astype(float), float(y @ y))
 
 
-def solve(design: Design, lam: float) -> Solution:
+def solve(design: Design, lam: float | np.ndarray) -> Solution:
     """``m`` and ``u`` of the mixed-model equations (module docstring) with ridge ``lam`` on ``m`` (0: the
-    fixed-effects fit, its last seed effect pinned to 0), and what variances and the likelihood need: ``D``
-    (Z'Z + lam, diagonal), ``R = D^-1 Z'X``, the Schur complement's inverse and log-determinant."""
+    fixed-effects fit, its last seed effect pinned to 0; an ``(S,)`` array: one ridge a shape, as the heavy-tailed
+    prior's reweighting needs, ``nas.stats.shrinkage.heavy_tailed``), and what variances and the likelihood need:
+    ``D`` (Z'Z + lam, diagonal), ``R = D^-1 Z'X``, the Schur complement's inverse and log-determinant."""
     counts, zx, zy, xy, xx, yy = design
-    if lam > 0 and len(xx) > len(counts):
+    pinned = bool(np.all(np.asarray(lam) == 0))
+    if not pinned and len(xx) > len(counts):
         return eliminate_seeds(design, lam)
     d = counts + lam  # (S,)
     r = zx / d[:, None]  # (S, I)
     schur = np.diag(xx) - zx.T @ r  # (I, I)
     rhs = xy - r.T @ zy  # (I,)
-    if lam == 0:  # shape and seed effects are identified up to one shared constant: pin the last seed's
+    if pinned:  # shape and seed effects are identified up to one shared constant: pin the last seed's
         schur, rhs = schur[:-1, :-1], rhs[:-1]
         inverse, logdet = np.linalg.pinv(schur), 0.0
     else:  # positive definite: every seed has a run and D_s > Z'Z
         inverse, logdet = np.linalg.inv(schur), float(np.linalg.slogdet(schur)[1])
     u = inverse @ rhs
-    if lam == 0:
+    if pinned:
         u = np.append(u, 0.0)
         r = r[:, :-1]
     m = (zy - zx @ u) / d
     return Solution(m, u, d, r, inverse, logdet, float(yy - m @ zy - u @ xy))
 
 
-def eliminate_seeds(design: Design, lam: float) -> Solution:
+def eliminate_seeds(design: Design, lam: float | np.ndarray) -> Solution:
     """``solve`` for a study with more seeds than shapes (a long race or confirm phase, a small space
     replicated for hours): the seed effects are eliminated instead, as ``X'X`` is diagonal too, so the work is
     ``O(S^3)`` instead of ``O(I^3)``::

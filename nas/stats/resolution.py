@@ -25,10 +25,12 @@ other shape level with the baseline; ``GainDesign``), with posterior sd ``sqrt(s
 so its power and minimum detectable gain are::
 
     power(delta) = Phi((g delta - z_{1-alpha/2} sqrt(s2 q)) / sqrt(s2 c2))
-    MDG = (z_{1-alpha/2} sqrt(s2 q) + z_{0.8} sqrt(s2 c2)) / g
+    MDG = (z_{1-alpha/2} rho sqrt(s2 q) + z_{0.8} sqrt(s2 c2)) / g
 
 (``posterior_resolution``; ``g < 1``: the shrinkage keeps part of a true gain, so the MDG is larger than
-``2.8`` posterior sds).
+``2.8`` posterior sds; ``rho >= 1``: the answer's interval is robust to the prior's tails, the union of the
+normal prior's and a heavy-tailed one's (``nas.stats.shrinkage._gains_of``), and its decisive end lies ``rho``
+times the normal prior's half-width from the estimate, ``ShrunkGain.widening`` of the leader).
 """
 
 from __future__ import annotations
@@ -161,6 +163,7 @@ class GainDesign:
     g: float
     c2: float
     df: int = 0  # residual degrees of freedom of s2: the interval's quantile is Student t's (0: the normal one)
+    widening: float = 1.0  # the answer's interval's deciding half-width over the normal prior's (ShrunkGain)
 
 
 def gain_design(scores: dict[str, ShapeScores], key: str, baseline_key: str,
@@ -188,7 +191,8 @@ def posterior_resolution(design: GainDesign | None, n: int, baseline_n: int, alp
     if design is None or design.g <= 0 or baseline_loss <= 0:
         return None
     z = credible_quantile(design.df, alpha)  # the interval's own quantile (nas.stats.shrinkage.Fit.quantile)
-    gain = (z * math.sqrt(design.s2 * design.q) + ndtri(POWER) * math.sqrt(design.s2 * design.c2)) / design.g
+    gain = (z * design.widening * math.sqrt(design.s2 * design.q)
+            + ndtri(POWER) * math.sqrt(design.s2 * design.c2)) / design.g
     sd = math.sqrt(2 * design.s2)
     return Resolution(n, sd, 0, alpha, baseline_loss, float(gain),
                       {share: seeds_needed(share * baseline_loss, sd, alpha) for share in TARGET_SHARES}, baseline_n)

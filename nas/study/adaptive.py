@@ -60,7 +60,7 @@ BASELINE_PACE = 1.0
 def warmup_shapes(scores: dict[str, ShapeScores], baseline: str) -> tuple[str, ...]:
     """The baseline and the ``WARMUP`` best shapes of the board (the shrunk ranking every reader shows): the second
     seed's shapes."""
-    others = [k for k in rank_shapes(scores, baseline).order if k != baseline]
+    others = [k for k in rank_shapes(scores, baseline, intervals=False).order if k != baseline]
     return (baseline, *others[:WARMUP]) if baseline in scores else tuple(others[:WARMUP + 1])
 
 

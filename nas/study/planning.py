@@ -124,7 +124,7 @@ def plan_replicate(search: Search, trials: list[FrozenTrial], seen: set[tuple[st
     """A new seed for the least-replicated of: the baseline and the ``replicate_top`` best shapes of the board (the
     shrunk ranking every reader shows)."""
     scores = scores_by_shape(trials)
-    order = rank_shapes(scores, search.baseline.key()).order
+    order = rank_shapes(scores, search.baseline.key(), intervals=False).order
     baseline = search.baseline
     candidates = [baseline.key()] + [key for key in order if key != baseline.key()][: search.config.replicate_top]
     archs = {baseline.key(): baseline}

@@ -64,7 +64,7 @@ def summary(search: Search, trials: list[FrozenTrial]) -> tuple[int, tuple[int, 
     seed must not show a gain over the baseline).
     """
     scores = scores_by_shape(trials)
-    board = rank_shapes(scores, search.baseline.key())
+    board = rank_shapes(scores, search.baseline.key(), intervals=False)
     ranked = board.ranked
     best = scores[board.order[0]] if board.order else None
     baseline = scores.get(search.baseline.key())
