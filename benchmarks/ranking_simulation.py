@@ -177,7 +177,7 @@ def board_quality(scores: dict, truth: Truth) -> dict[str, float]:
     keys = list(scores)
     true = [truth.means[k] for k in keys]
     best = truth.means[truth.best]
-    board = rank_shapes(scores, truth.baseline)
+    board = rank_shapes(scores, truth.baseline, intervals=False)
     adjusted = seed_adjusted_means(scores, truth.baseline)
     by_adjusted = sorted(keys, key=lambda k: (adjusted[k], scores[k].mean))
     for name, order in (("shrunk", board.order), ("adjusted", by_adjusted)):  # board positions: ties keep an order
@@ -285,16 +285,18 @@ MDG_RATIO_TARGET = 1.7  # the answer's minimum detectable gain within this facto
 
 def measure(policies: tuple[str, ...], studies: int, processes: int, seed: int,
             budgets: tuple[int, ...] = REPLICATE_BUDGETS, done: list[dict[str, object]] | None = None,
-            on_rows: Callable[[list[dict[str, object]]], None] | None = None) -> list[dict[str, object]]:
+            on_rows: Callable[[list[dict[str, object]]], None] | None = None,
+            noises: tuple[tuple[str, float], ...] = NOISES) -> list[dict[str, object]]:
     """Every policy's rows at both noise levels and every budget; study ``i`` draws the same truth and noise for
     every policy (``seed * 100_000 + i``), so the policies are compared on the same studies.
 
     ``done``: rows already measured (same studies and seed); a (noise, policy) whose rows are all there is not
-    measured again. ``on_rows`` gets every row so far after each (noise, policy), so a cut-off run keeps them."""
+    measured again. ``on_rows`` gets every row so far after each (noise, policy), so a cut-off run keeps them.
+    ``noises``: the (name, paired sd) levels to measure (both of ``NOISES`` by default)."""
     rows = list(done or [])
     have = {(r["noise"], r["policy"]) for r in rows}
     with multiprocessing.get_context("spawn").Pool(max(1, processes)) as pool:
-        for noise, paired_sd in NOISES:
+        for noise, paired_sd in noises:
             for policy in policies:
                 if (noise, policy) in have:
                     continue
@@ -391,6 +393,8 @@ if __name__ == "__main__":
     parser.add_argument("--studies", type=int, default=STUDIES)
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--noises", default="measured,half",
+                        help=f"comma-separated noise levels: measured (the proxy's paired sd), half (x{QUIETER})")
     parser.add_argument("--machine", default="", help="which kind of machine ran it, for the record")
     parser.add_argument("--out", help=f"merge the rows into this JSON ({DATA_FILE})")
     args = parser.parse_args()
@@ -398,10 +402,16 @@ if __name__ == "__main__":
     unknown = [p for p in chosen if p not in POLICIES]
     if unknown:
         parser.error(f"unknown policy {unknown[0]!r}; choose from {', '.join(POLICIES)}")
+    levels = dict(zip(("measured", "half"), NOISES))
+    noise_names = [n for n in args.noises.split(",") if n]
+    if not noise_names or any(n not in levels for n in noise_names):
+        parser.error(f"unknown noise level in {args.noises!r}; choose from measured, half")
+    noises = tuple(levels[n] for n in noise_names)
+    measured_here = {name for name, _ in noises}
     path = Path(args.out) if args.out else None
     stored = json.loads(path.read_text()) if path is not None and path.exists() else {"rows": []}
-    resumed = stored.get("partial") if stored.get("partial", {}).get("key") == [list(chosen), args.studies,
-                                                                                   args.seed] else None
+    key = [list(chosen), args.studies, args.seed] + ([noise_names] if noise_names != ["measured", "half"] else [])
+    resumed = stored.get("partial") if stored.get("partial", {}).get("key") == key else None
     started = time.perf_counter()
 
     def save(rows: list[dict[str, object]], finished: bool = False) -> None:
@@ -409,8 +419,8 @@ if __name__ == "__main__":
         what it had, and the same command resumes from it."""
         if path is None:
             return
-        keep = [r for r in stored["rows"] if r["policy"] not in chosen]
-        record = {"policies": list(chosen), "studies": args.studies, "seed": args.seed,
+        keep = [r for r in stored["rows"] if r["policy"] not in chosen or r["noise"] not in measured_here]
+        record = {"policies": list(chosen), "noises": noise_names, "studies": args.studies, "seed": args.seed,
                   "seconds": round(time.perf_counter() - started + (resumed or {}).get("seconds", 0)),
                   "machine": args.machine, "date": time.strftime("%Y-%m-%d")}
         out = {"what": "benchmarks figure 10 (benchmarks/ranking_simulation.py)", "runs": stored.get("runs", []),
@@ -418,12 +428,12 @@ if __name__ == "__main__":
         if finished:
             out["runs"] = out["runs"] + [record]
         else:
-            out["partial"] = {"key": [list(chosen), args.studies, args.seed], "rows": rows,
+            out["partial"] = {"key": key, "rows": rows,
                               "seconds": record["seconds"]}
         path.write_text(json.dumps(out, indent=1) + "\n")
 
     new_rows = measure(chosen, args.studies, args.processes, args.seed,
-                       done=(resumed or {}).get("rows"), on_rows=save)
+                       done=(resumed or {}).get("rows"), on_rows=save, noises=noises)
     save(new_rows, finished=True)
     seconds = time.perf_counter() - started
     for row in new_rows:

@@ -1,0 +1,42 @@
+"""``python -m benchmarks.ranking_simulation``: figure 10's rows for some policies and noise levels, merged into the
+recorded data without touching the rows it did not measure (the oracle reference: no planner, a second a study)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "benchmarks.ranking_simulation", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_one_noise_level_replaces_only_its_own_rows_and_records_the_run(tmp_path: Path) -> None:
+    out = tmp_path / "figure10.json"
+    kept = [{"policy": "oracle", "noise": "measured", "replicate trials": 24, "studies": 1000,
+             "P(pick = true best)": 0.297},
+            {"policy": "fixed", "noise": "paired sd x0.5", "replicate trials": 24, "studies": 1000,
+             "P(pick = true best)": 0.601}]
+    stale = {"policy": "oracle", "noise": "paired sd x0.5", "replicate trials": 24, "studies": 1000,
+             "P(pick = true best)": 0.0}
+    out.write_text(json.dumps({"what": "test", "runs": [], "rows": [*kept, stale]}))
+    proc = run("--policies", "oracle", "--noises", "half", "--studies", "3", "--processes", "1",
+               "--machine", "test", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert "partial" not in data
+    assert all(row in data["rows"] for row in kept) and stale not in data["rows"]
+    new = [r for r in data["rows"] if r["policy"] == "oracle" and r["noise"] == "paired sd x0.5"]
+    assert [r["replicate trials"] for r in new] == [24, 47, 71] and {r["studies"] for r in new} == {3}
+    assert data["runs"][-1]["noises"] == ["half"] and data["runs"][-1]["studies"] == 3
+
+
+def test_an_unknown_noise_level_is_one_line_naming_the_valid_ones(tmp_path: Path) -> None:
+    proc = run("--noises", "quiet", "--out", str(tmp_path / "x.json"))
+    assert proc.returncode == 2 and "unknown noise level in 'quiet'; choose from measured, half" in proc.stderr
+    assert not (tmp_path / "x.json").exists()
