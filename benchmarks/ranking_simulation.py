@@ -33,6 +33,11 @@ Two reference rows say what the target asks of any allocation, not only of ours:
   that shape's next seed.
 - ``quieter`` rows rerun every policy with the paired sd halved: what a proxy with half the
   noise (about four times the tokens per trial) would buy.
+
+``--paired-sd`` and ``--spread`` measure another regime than figure 10's: a real study's own paired sd
+and spread of true means (its REML ``tau``; the default search's are about 0.129 and 0.023, a space far
+flatter than figure 10's 0.060), into a file of their own
+(``benchmarks/data/ranking_simulation_flat.json``); its rows carry ``true-mean sd``.
 """
 
 from __future__ import annotations
@@ -68,9 +73,10 @@ class Truth:
     baseline: str
 
 
-def draw_truth(keys: list[str], baseline: str, rng: random.Random) -> Truth:
-    """True means: a spread of schedules around the baseline, the best one ``BEST_GAP`` ahead of the rest."""
-    means = {key: 2.90 + rng.gauss(0.0, SPREAD_SD) for key in keys}
+def draw_truth(keys: list[str], baseline: str, rng: random.Random, spread: float = SPREAD_SD) -> Truth:
+    """True means: a spread of schedules (sd ``spread``) around the baseline, the best one ``BEST_GAP`` ahead of the
+    rest."""
+    means = {key: 2.90 + rng.gauss(0.0, spread) for key in keys}
     means[baseline] = 2.90
     ranked = sorted(means, key=means.get)
     best = ranked[0]
@@ -79,8 +85,9 @@ def draw_truth(keys: list[str], baseline: str, rng: random.Random) -> Truth:
 
 
 def simulate_study(policy: str, budgets: tuple[int, ...], seed: int, race_size: int = 8,
-                   paired_sd: float = PAIRED_SD) -> list[dict[str, float]]:
-    """One simulated study run to ``max(budgets)`` replicate trials, judged after each budget's trials.
+                   paired_sd: float = PAIRED_SD, spread: float = SPREAD_SD) -> list[dict[str, float]]:
+    """One simulated study run to ``max(budgets)`` replicate trials, judged after each budget's trials (true means
+    spread with sd ``spread``).
 
     Every policy's planner is *anytime* (no choice reads the study's trial budget), so the study's first
     ``FIRST_PASS + b`` trials are exactly the study it would have run with ``b`` replicate trials: the budgets'
@@ -101,7 +108,7 @@ def simulate_study(policy: str, budgets: tuple[int, ...], seed: int, race_size: 
     rng = random.Random(seed)
     members = search.members()
     keys = [a.key() for a in members]
-    truth = draw_truth(keys, search.baseline.key(), rng)
+    truth = draw_truth(keys, search.baseline.key(), rng, spread)
     archs = {a.key(): a for a in members}
     seed_effects: dict[int, float] = {}
     trials = []
@@ -114,10 +121,11 @@ def simulate_study(policy: str, budgets: tuple[int, ...], seed: int, race_size: 
                                                                   "val_loss": loss})
         trial.number = len(trials)
         trials.append(trial)
-    return [judge(trials[:FIRST_PASS + b], truth, preset.train.seed, paired_sd) for b in budgets]
+    return [judge(trials[:FIRST_PASS + b], truth, preset.train.seed, paired_sd, spread) for b in budgets]
 
 
-def judge(trials: list, truth: Truth, base_seed: int, paired_sd: float = PAIRED_SD) -> dict[str, float]:
+def judge(trials: list, truth: Truth, base_seed: int, paired_sd: float = PAIRED_SD,
+          spread: float = SPREAD_SD) -> dict[str, float]:
     """The real report's verdict on a simulated study (``reports.summary.summarise``) against its truth."""
     import optuna
 
@@ -142,21 +150,21 @@ def judge(trials: list, truth: Truth, base_seed: int, paired_sd: float = PAIRED_
     return {**board, "correct": float(pick == truth.best), "in_tied": float(truth.best in summary.tied),
             "mdg_pct": res.gain_pct if res is not None else math.nan,
             "limit_pct": limit.gain_pct if limit is not None else math.nan,
-            "covered_true_components": covered_with_truth(data.scores, pick, truth, paired_sd) if gain is not None
-            and gain.posterior and gain.low_pct is not None else math.nan,
+            "covered_true_components": covered_with_truth(data.scores, pick, truth, paired_sd, spread)
+            if gain is not None and gain.posterior and gain.low_pct is not None else math.nan,
             "regret": truth.means[pick] - truth.means[truth.best], "covered": float(covered),
             "naive_covered": float(naive_covered),
             "has_interval": float(gain is not None and gain.low_pct is not None),
             "tied_size": float(len(summary.tied)), "pick_is_baseline": float(pick == truth.baseline)}
 
 
-def covered_with_truth(scores: dict, pick: str, truth: Truth, paired_sd: float) -> float:
+def covered_with_truth(scores: dict, pick: str, truth: Truth, paired_sd: float, spread: float = SPREAD_SD) -> float:
     """Whether the pick's 95 % credible interval covers its true gain when the variance components are the truth's
-    (tau = SPREAD_SD, sigma = paired_sd / sqrt 2) instead of the study's estimate: the coverage diagnosis of issue 36
+    (tau = spread, sigma = paired_sd / sqrt 2) instead of the study's estimate: the coverage diagnosis of issue 36
     (estimation of the components against selection of the pick)."""
     from nas.stats.shrinkage import shrunk_gains
 
-    gains, _ = shrunk_gains(scores, truth.baseline, known=(SPREAD_SD, paired_sd / math.sqrt(2)))
+    gains, _ = shrunk_gains(scores, truth.baseline, known=(spread, paired_sd / math.sqrt(2)))
     gain = gains.get(pick)
     if gain is None or gain.low is None or pick == truth.baseline:
         return math.nan
@@ -187,12 +195,13 @@ def board_quality(scores: dict, truth: Truth) -> dict[str, float]:
     return out
 
 
-def simulate_oracle(budgets: tuple[int, ...], seed: int, paired_sd: float = PAIRED_SD) -> list[dict[str, float]]:
+def simulate_oracle(budgets: tuple[int, ...], seed: int, paired_sd: float = PAIRED_SD,
+                    spread: float = SPREAD_SD) -> list[dict[str, float]]:
     """The ``oracle`` reference (module docstring): top-two Thompson sampling knowing the prior and the seed effects."""
     rng = random.Random(seed)
     keys = [f"s{i}" for i in range(FIRST_PASS)]
-    truth = draw_truth(keys, keys[0], rng)
-    prior_precision, noise_var = 1 / SPREAD_SD**2, paired_sd**2 / 2
+    truth = draw_truth(keys, keys[0], rng, spread)
+    prior_precision, noise_var = 1 / spread**2, paired_sd**2 / 2
     sums = dict.fromkeys(keys, 0.0)  # sum of (score - its seed's shared effect)
     n = dict.fromkeys(keys, 0)
 
@@ -235,11 +244,11 @@ def simulate_oracle(budgets: tuple[int, ...], seed: int, paired_sd: float = PAIR
     return out
 
 
-def _one(args: tuple[str, tuple[int, ...], int, float]) -> list[dict[str, float]]:
-    policy, budgets, seed, paired_sd = args
+def _one(args: tuple[str, tuple[int, ...], int, float, float]) -> list[dict[str, float]]:
+    policy, budgets, seed, paired_sd, spread = args
     if policy == "oracle":
-        return simulate_oracle(budgets, seed, paired_sd)
-    return simulate_study(policy, budgets, seed, paired_sd=paired_sd)
+        return simulate_oracle(budgets, seed, paired_sd, spread)
+    return simulate_study(policy, budgets, seed, paired_sd=paired_sd, spread=spread)
 
 
 def finite(outcomes: list[dict[str, float]], name: str) -> list[float]:
@@ -262,6 +271,10 @@ def _row(policy: str, budget: int, noise: str, outcomes: list[dict[str, float]])
     row.update({"median MDG %": statistics.median(mdg) if mdg else None,
                 "median allocation limit %": statistics.median(limit) if limit else None,
                 "median MDG / limit": statistics.median(ratio) if ratio else None,
+                "MDG / limit, quartiles": " / ".join(f"{q:.2f}" for q in statistics.quantiles(ratio, n=4))
+                if len(ratio) >= 2 else None,
+                f"share of studies with MDG within {MDG_RATIO_TARGET}x the limit":
+                    sum(r <= MDG_RATIO_TARGET for r in ratio) / len(ratio) if ratio else None,
                 "coverage, true variance components": statistics.fmean(true_cover) if true_cover else None,
                 "P(true best in tied set)": mean["in_tied"], "mean tied-set size": mean["tied_size"],
                 "interval coverage (nominal 95 %)":
@@ -286,13 +299,14 @@ MDG_RATIO_TARGET = 1.7  # the answer's minimum detectable gain within this facto
 def measure(policies: tuple[str, ...], studies: int, processes: int, seed: int,
             budgets: tuple[int, ...] = REPLICATE_BUDGETS, done: list[dict[str, object]] | None = None,
             on_rows: Callable[[list[dict[str, object]]], None] | None = None,
-            noises: tuple[tuple[str, float], ...] = NOISES) -> list[dict[str, object]]:
+            noises: tuple[tuple[str, float], ...] = NOISES, spread: float = SPREAD_SD) -> list[dict[str, object]]:
     """Every policy's rows at both noise levels and every budget; study ``i`` draws the same truth and noise for
     every policy (``seed * 100_000 + i``), so the policies are compared on the same studies.
 
     ``done``: rows already measured (same studies and seed); a (noise, policy) whose rows are all there is not
     measured again. ``on_rows`` gets every row so far after each (noise, policy), so a cut-off run keeps them.
-    ``noises``: the (name, paired sd) levels to measure (both of ``NOISES`` by default)."""
+    ``noises``: the (name, paired sd) levels to measure (both of ``NOISES`` by default); ``spread``: the sd of the
+    true means (rows measured at another than ``SPREAD_SD`` say so in ``true-mean sd``)."""
     rows = list(done or [])
     have = {(r["noise"], r["policy"]) for r in rows}
     with multiprocessing.get_context("spawn").Pool(max(1, processes)) as pool:
@@ -300,8 +314,10 @@ def measure(policies: tuple[str, ...], studies: int, processes: int, seed: int,
             for policy in policies:
                 if (noise, policy) in have:
                     continue
-                outcomes = pool.map(_one, [(policy, budgets, seed * 100_000 + i, paired_sd) for i in range(studies)])
-                rows += [_row(policy, budget, noise, [o[j] for o in outcomes]) for j, budget in enumerate(budgets)]
+                outcomes = pool.map(_one, [(policy, budgets, seed * 100_000 + i, paired_sd, spread)
+                                           for i in range(studies)])
+                new = [_row(policy, budget, noise, [o[j] for o in outcomes]) for j, budget in enumerate(budgets)]
+                rows += [{**row, "true-mean sd": spread} if spread != SPREAD_SD else row for row in new]
                 if on_rows is not None:
                     on_rows(rows)
     order = {p: i for i, p in enumerate(POLICIES)}
@@ -373,7 +389,9 @@ def run(cfg: BenchConfig) -> Figure:
         columns=["policy", "noise", "replicate trials", "studies", "P(pick = true best)", "P(true best in tied set)",
                  "mean regret (nats)", "mean tied-set size", "interval coverage (nominal 95 %)",
                  "coverage, true variance components", "median MDG %", "median allocation limit %",
-                 "median MDG / limit", "coverage with the selecting seed (before)", "studies with an interval",
+                 "median MDG / limit", "MDG / limit, quartiles",
+                 f"share of studies with MDG within {MDG_RATIO_TARGET}x the limit",
+                 "coverage with the selecting seed (before)", "studies with an interval",
                  "board: Spearman with truth, shrunk (seed-adjusted)", "board: rank-1 regret, shrunk (seed-adjusted)"],
         rows=rows, passed=not misses,
         summary=f"P(pick = true best) at {summary}" + (f"; missed: {'; '.join(misses)}" if misses else
@@ -395,6 +413,10 @@ if __name__ == "__main__":
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--noises", default="measured,half",
                         help=f"comma-separated noise levels: measured (the proxy's paired sd), half (x{QUIETER})")
+    parser.add_argument("--paired-sd", type=float, default=None,
+                        help="one noise level of this paired sd instead of --noises (a study's own, e.g. 0.129)")
+    parser.add_argument("--spread", type=float, default=SPREAD_SD,
+                        help=f"sd of the true means (default {SPREAD_SD}, figure 10's; a flat space's is smaller)")
     parser.add_argument("--machine", default="", help="which kind of machine ran it, for the record")
     parser.add_argument("--out", help=f"merge the rows into this JSON ({DATA_FILE})")
     args = parser.parse_args()
@@ -407,10 +429,16 @@ if __name__ == "__main__":
     if not noise_names or any(n not in levels for n in noise_names):
         parser.error(f"unknown noise level in {args.noises!r}; choose from measured, half")
     noises = tuple(levels[n] for n in noise_names)
+    for name, value in (("--paired-sd", args.paired_sd), ("--spread", args.spread)):
+        if value is not None and not (0 < value < 10):
+            parser.error(f"{name} {value} is not a standard deviation in nats; give one in (0, 10)")
+    if args.paired_sd is not None:
+        noise_names, noises = [f"paired sd {args.paired_sd:g}"], ((f"paired sd {args.paired_sd:g}", args.paired_sd),)
     measured_here = {name for name, _ in noises}
     path = Path(args.out) if args.out else None
     stored = json.loads(path.read_text()) if path is not None and path.exists() else {"rows": []}
-    key = [list(chosen), args.studies, args.seed] + ([noise_names] if noise_names != ["measured", "half"] else [])
+    key = [list(chosen), args.studies, args.seed] + ([noise_names] if noise_names != ["measured", "half"] else []) \
+        + ([args.spread] if args.spread != SPREAD_SD else [])
     resumed = stored.get("partial") if stored.get("partial", {}).get("key") == key else None
     started = time.perf_counter()
 
@@ -419,8 +447,10 @@ if __name__ == "__main__":
         what it had, and the same command resumes from it."""
         if path is None:
             return
-        keep = [r for r in stored["rows"] if r["policy"] not in chosen or r["noise"] not in measured_here]
-        record = {"policies": list(chosen), "noises": noise_names, "studies": args.studies, "seed": args.seed,
+        keep = [r for r in stored["rows"] if r["policy"] not in chosen or r["noise"] not in measured_here
+                or r.get("true-mean sd", SPREAD_SD) != args.spread]
+        record = {"policies": list(chosen), "noises": noise_names, "true-mean sd": args.spread,
+                  "studies": args.studies, "seed": args.seed,
                   "seconds": round(time.perf_counter() - started + (resumed or {}).get("seconds", 0)),
                   "machine": args.machine, "date": time.strftime("%Y-%m-%d")}
         out = {"what": "benchmarks figure 10 (benchmarks/ranking_simulation.py)", "runs": stored.get("runs", []),
@@ -433,7 +463,7 @@ if __name__ == "__main__":
         path.write_text(json.dumps(out, indent=1) + "\n")
 
     new_rows = measure(chosen, args.studies, args.processes, args.seed,
-                       done=(resumed or {}).get("rows"), on_rows=save, noises=noises)
+                       done=(resumed or {}).get("rows"), on_rows=save, noises=noises, spread=args.spread)
     save(new_rows, finished=True)
     seconds = time.perf_counter() - started
     for row in new_rows:

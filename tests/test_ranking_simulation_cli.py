@@ -40,3 +40,27 @@ def test_an_unknown_noise_level_is_one_line_naming_the_valid_ones(tmp_path: Path
     proc = run("--noises", "quiet", "--out", str(tmp_path / "x.json"))
     assert proc.returncode == 2 and "unknown noise level in 'quiet'; choose from measured, half" in proc.stderr
     assert not (tmp_path / "x.json").exists()
+
+
+def test_a_studys_own_noise_and_spread_are_rows_of_their_own_beside_figure_10s(tmp_path: Path) -> None:
+    """--paired-sd and --spread measure another regime (a real study's, a flatter space) into the same file without
+    replacing figure 10's rows of the same policy; the rows and the run say which regime they are."""
+    out = tmp_path / "figure10.json"
+    figure_10 = {"policy": "oracle", "noise": "measured", "replicate trials": 24, "studies": 1000,
+                 "P(pick = true best)": 0.297}
+    out.write_text(json.dumps({"what": "test", "runs": [], "rows": [figure_10]}))
+    proc = run("--policies", "oracle", "--paired-sd", "0.129", "--spread", "0.023", "--studies", "3",
+               "--processes", "1", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    flat = [r for r in data["rows"] if r.get("true-mean sd") == 0.023]
+    assert figure_10 in data["rows"] and len(data["rows"]) == 4
+    assert [(r["noise"], r["replicate trials"]) for r in flat] == [("paired sd 0.129", b) for b in (24, 47, 71)]
+    assert data["runs"][-1]["true-mean sd"] == 0.023 and data["runs"][-1]["noises"] == ["paired sd 0.129"]
+
+
+def test_a_spread_that_is_not_a_standard_deviation_is_one_line(tmp_path: Path) -> None:
+    proc = run("--spread", "-1", "--out", str(tmp_path / "x.json"))
+    assert proc.returncode == 2
+    assert "--spread -1.0 is not a standard deviation in nats; give one in (0, 10)" in proc.stderr
+    assert not (tmp_path / "x.json").exists()
