@@ -18,7 +18,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from nas.arch import format_plateaus
 from nas.stats.scores import ShapeScores
-from nas.stats.shrinkage import Fit, fit
+from nas.stats.shrinkage import Fit, ShrunkGain, fit, rank_shapes
 from nas.study.records import RESULT_FAILURES, counts, is_duplicate, scores_by_shape, unreadable_attr
 from reports.leaderboard import leaderboard_of
 
@@ -43,6 +43,7 @@ class StudyData:
     reruns: pd.DataFrame | None = None  # full-scale re-runs (nas rerun), one row per run; None when there are none
     skipped: list[str] = field(default_factory=list)  # one warning per trial whose stored attrs are unreadable
     fits: dict[tuple[float, bool], Fit | None] = field(default_factory=dict, repr=False)  # ``model``'s cache
+    ranked_gains: dict[str, ShrunkGain] | None = field(default=None, repr=False)  # ``gains``'s cache
 
     def model(self, min_tau_ratio: float = 0.0, plug_in: bool = False) -> Fit | None:
         """The shrinkage model of this snapshot's scores (``nas.stats.shrinkage.fit``), fitted once per variant: the
@@ -51,6 +52,13 @@ class StudyData:
         if variant not in self.fits:
             self.fits[variant] = fit(self.scores, min_tau_ratio, plug_in) if self.scores else None
         return self.fits[variant]
+
+    def gains(self) -> dict[str, ShrunkGain]:
+        """Every shape's shrunk gain over the baseline with its robust interval (``nas.stats.shrinkage.rank_shapes``
+        on ``model()``), computed once: the answer's interval and its resolution read the same gains."""
+        if self.ranked_gains is None:
+            self.ranked_gains = rank_shapes(self.scores, self.baseline_key, self.model()).gains
+        return self.ranked_gains
 
     @property
     def identity(self) -> dict[str, Any]:

@@ -41,7 +41,7 @@ from nas.stats.adaptive import ADAPTIVE_ROLES, MIN_TAU_RATIO, AdaptiveState, ada
 from nas.stats.comparisons import ALPHA, PairedGain, paired_gain, pooled_paired_sd, tied_set
 from nas.stats.race import RACE_ROLES, RaceState, race_state
 from nas.stats.resolution import Resolution, allocation_limit, gain_design, posterior_resolution, resolution
-from nas.stats.shrinkage import Z, rank_shapes
+from nas.stats.shrinkage import Z
 from nas.study.records import counts
 from reports.frame import StudyData, outcome_counts
 from reports.kv_cache import kv_cache_clause
@@ -104,8 +104,7 @@ def posterior_gain(data: StudyData, key: str) -> PairedGain | None:
     the prior's tails), as a ``PairedGain`` (``p_value``: twice the posterior probability that the gain has the
     other sign, with the interval's mean half-width taken as the posterior sd's multiple)."""
     model = data.model()
-    gains = rank_shapes(data.scores, data.baseline_key, model).gains
-    shrunk, base = gains.get(key), data.scores[data.baseline_key].mean  # type: ignore[index]
+    shrunk, base = data.gains().get(key), data.scores[data.baseline_key].mean  # type: ignore[index]
     if shrunk is None:
         return None
     interval = shrunk.interval_pct(base)
@@ -146,7 +145,7 @@ def study_resolution(data: StudyData, best: str | None) -> Resolution | None:
         return None
     if allocated_adaptively(data):  # the test is the shrunk gain's credible interval
         design = gain_design(data.scores, leader, data.baseline_key, data.model(plug_in=True))  # type: ignore[arg-type]
-        shrunk = rank_shapes(data.scores, data.baseline_key, data.model()).gains.get(leader)
+        shrunk = data.gains().get(leader)
         if design is not None and shrunk is not None:  # the answer's interval is the robust one: its decisive end
             design = replace(design, widening=shrunk.widening)
         return posterior_resolution(design, data.scores[leader].n, data.scores[data.baseline_key].n, ALPHA,
