@@ -9,7 +9,7 @@ steps before it on disk. The exit code is 1 when a step failed. Steps, in order:
 
 - ``machine``: the GPU (name, compute capability, memory, MIG), CUDA, cuDNN, torch, the host CPU;
 - ``matmul_peak``: the bf16 matmul peak a run's MFU is measured against (``runners.peak``), and
-  what the ``gpu-prism`` estimate's assumed speed would read as against it;
+  what the ``gpu-prism`` estimate's speed would read as against it;
 - ``attention_kernels``: for every head dim of the ``gpu-prism`` space (d768: 768 ... 64), the SDPA
   kernel ``runners.device.sdpa_kernel`` predicts, torch's own ``can_use_*_attention`` answers (GPU),
   and the time of a causal attention forward + backward at T = 1024 (ratio to the baseline's 64): what
@@ -41,7 +41,9 @@ steps before it on disk. The exit code is 1 when a step failed. Steps, in order:
 - ``nccl``: a 2-process DDP all-reduce (two or more GPUs); ``mig``: each listed MIG instance seen by its
   own process (a ``CUDA_VISIBLE_DEVICES`` of ``MIG-...`` UUIDs).
 
-About 15 minutes on one H100-class GPU (the cold compiles dominate); ``--smoke`` about a minute on 2 CPU cores.
+About 8 minutes on one H200 (the cold compiles dominate: ``timing`` 168 s, ``search`` 141 s, ``grouped_query`` 120 s;
+``benchmarks/data/gpu_check-nvidia-h200.json``); ``--smoke`` about 30 s on 2 CPU cores. ``--only`` runs the named
+steps alone (the others recorded as skipped): a rerun of a step that failed or did not finish.
 """
 
 from __future__ import annotations
@@ -66,6 +68,8 @@ DATA = ROOT / "benchmarks" / "data"
 ALIGNED = (3, 3, 6, 6) + (12,) * 8  # head dims 256, 128, 64 at d768: all within FlashAttention's range
 ABOVE_FLASH = (1, 1, 2, 2) + (12,) * 8  # head dims 768, 384: above 256, no flash kernel
 SMOKE_SCHEDULES = ((1, 1, 4, 4), (1, 1, 2, 2))  # the tiny preset's staircases (d32: head dims 32, 16 and 8)
+STEPS = ("matmul_peak", "attention_kernels", "compile_graph", "recompiles", "timing", "grouped_query", "host",
+         "resume", "threads", "oom_halving", "search", "nccl", "mig")
 
 
 class Skipped(Exception):
@@ -75,13 +79,15 @@ class Skipped(Exception):
 class Check:
     """The report: every step's status and figures, rewritten to ``path`` after each step."""
 
-    def __init__(self, path: Path, header: dict[str, Any]) -> None:
-        self.path, self.report = path, {**header, "steps": {}}
+    def __init__(self, path: Path, header: dict[str, Any], only: set[str] | None = None) -> None:
+        self.path, self.report, self.only = path, {**header, "steps": {}}, only
         self.write()
 
     def step(self, name: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         started = time.perf_counter()
         try:
+            if self.only is not None and name not in self.only:
+                raise Skipped("not among --only's steps")
             result = {"status": "pass", **fn()}
         except Skipped as why:
             result = {"status": "skipped", "reason": str(why)}
@@ -634,7 +640,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-compile", action="store_true", help="time the models eager")
     parser.add_argument("--out", default=None, help="folder of gpu_check.json (default: benchmarks/data/"
                         "gpu_check-<gpu>.json; with --smoke the current folder)")
+    parser.add_argument("--only", default=None, help="comma-separated steps to run, the others recorded as skipped "
+                        f"(a rerun of what failed or did not finish; steps: {', '.join(STEPS)})")
     args = parser.parse_args(argv)
+    only = set(args.only.split(",")) if args.only else set(STEPS)
+    if only - set(STEPS):
+        parser.error(f"--only {args.only}: unknown step {', '.join(sorted(only - set(STEPS)))}; "
+                     f"steps are {', '.join(STEPS)}")
 
     import torch
 
@@ -653,7 +665,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     info = machine(device)
     check = Check(report_path(args, info), {"smoke": args.smoke, "device": str(device), "machine": info,
-                                            "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
+                                            "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
+                  only=only)
     check.report["steps"]["machine"] = {"status": "pass", **info}
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     peak = check.step("matmul_peak", lambda: matmul_peak(device, dtype)).get("peak_flops")

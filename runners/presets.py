@@ -27,23 +27,23 @@ class GpuEstimate:
 
     ``minutes per trial = (tokens * flops_per_token(T) / achieved_flops + compile_s) / 60`` with
     ``achieved_flops = peak_flops * mfu``. The peak is the dense bf16 tensor-core figure of an H100/H200 SXM
-    (989 TFLOP/s, NVIDIA's datasheet) and ``mfu`` is assumed against it (nanoGPT and modded-nanogpt report
-    0.3-0.5 at GPT-2 small scale with ``torch.compile``). A run's MFU is against another peak: the bf16
-    matmul peak it measures (``runners.peak``, below the datasheet's), so it reads higher for the same speed;
-    ``run_mfu`` converts, and ``benchmarks/gpu_check.py`` prints both for your GPU. ``compile_s``: each trial
-    is a new schedule, compiled cold (``runners.proxy.compile_model`` empties Dynamo's caches); assumed,
-    since no GPU has measured it here: Dynamo's trace and AOT autograd alone of a GPT-2 small schedule took
-    22 s on one thread of a 2-core AMD EPYC (shared with a background benchmark; the ``aot_eager`` backend),
-    and Inductor's Triton code generation comes on top, on the worker's 4 compile threads; gpu_check times it
-    (``compile_s``). ``seed_sd`` is the full-scale seed noise the resolution estimate starts from:
-    modded-nanogpt's repeated GPT-2 small runs reported a standard deviation of about 0.002 nats of the final
-    validation loss. A 100M-token trial is shorter and likely noisier: measure it with
+    (989 TFLOP/s, NVIDIA's datasheet); ``mfu`` and ``compile_s`` are measured by ``benchmarks/gpu_check.py``
+    on one NVIDIA H200 (torch 2.11, CUDA 13.0; ``benchmarks/data/gpu_check-nvidia-h200.json``): GPT-2 small's
+    uniform shape at the GPU presets' batch (32 x 1024, bf16, fused AdamW, ``torch.compile``) trained at
+    500,534 tokens/s, 428 TFLOP/s achieved, 0.433 of the datasheet peak (0.554 of the 772 TFLOP/s bf16 matmul
+    peak it measured there; nanoGPT and modded-nanogpt report 0.3-0.5 at this scale). A run's MFU is against
+    that measured peak (``runners.peak``), so it reads higher for the same speed; ``run_mfu`` converts.
+    ``compile_s``: each trial is a new schedule, compiled cold (``runners.proxy.compile_model`` empties
+    Dynamo's caches): 54.6-57.4 s a schedule there (Dynamo, AOT autograd and Inductor's Triton code on 4
+    compile threads), the slowest taken. ``seed_sd`` is the full-scale seed noise the resolution estimate
+    starts from: modded-nanogpt's repeated GPT-2 small runs reported a standard deviation of about 0.002 nats
+    of the final validation loss. A 100M-token trial is shorter and likely noisier: measure it with
     ``benchmarks/proxy_fidelity.py`` on the GPU before trusting the estimate.
     """
 
     peak_flops: float = 989e12
-    mfu: float = 0.40
-    compile_s: float = 90.0
+    mfu: float = 0.43
+    compile_s: float = 57.0
     seed_sd: float = 0.002
 
     @property

@@ -38,10 +38,10 @@ def test_presets_lists_every_preset_with_its_shape_and_exact_parameter_count():
         assert f"({b.n_params()['total']:,} params)" in line and f"{preset.train.tokens:,} tokens" in line
     # gpt2-124m by hand: V d + 12 (4 d^2 + 3 d 2048 + 2 d) + d = 38,633,472 + 28,311,552 + 56,623,104 + 19,200
     assert "(123,587,328 params)" in result.stdout
-    # a GPU proxy states its arithmetic: 100M tokens x 0.855 GFLOP / (0.4 x 989 TFLOP/s) + a 90 s cold compile = 5.1
-    # min a trial, over the 53 schedules whose head dims FlashAttention takes
-    assert "0.855 GFLOP/token" in result.stdout and "5.1 min a trial" in result.stdout
-    assert "the 53-member prism walk 4.5 h on 1 GPU, 0.6 h on 8" in result.stdout
+    # a GPU proxy states its arithmetic: 100M tokens x 0.855 GFLOP / (0.43 x 989 TFLOP/s) + a 57 s cold compile (both
+    # measured on an H200) = 4.3 min a trial, over the 53 schedules whose head dims FlashAttention takes
+    assert "0.855 GFLOP/token" in result.stdout and "4.3 min a trial" in result.stdout
+    assert "the 53-member prism walk 3.8 h on 1 GPU, 0.5 h on 8" in result.stdout
 
 
 def test_train_runs_one_shape_and_writes_its_result(tmp_path):

@@ -423,3 +423,31 @@ def test_gpu_check_smoke_runs_with_no_options_on_the_cpu_and_writes_every_steps_
     assert steps["search"]["trials"] == 4 and steps["search"]["placed_on"] == ["cpu"]
     assert len(steps["timing"]["rows"]) == 3 and steps["recompiles"]["compiled"] == 10
     assert proc.stdout.count(" pass ") >= 7 and "failed" in proc.stdout.splitlines()[-1]
+
+
+def test_gpu_check_only_runs_the_named_steps_and_refuses_an_unknown_one_in_a_line(tmp_path, nas_cache, capsys):
+    """``--only``: the rerun of a step that failed on a leased GPU (the others recorded as skipped, saying why)."""
+    from benchmarks.gpu_check import STEPS, main
+
+    assert main(["--smoke", "--out", str(tmp_path), "--only", "host,threads"]) == 0
+    steps = json.loads((tmp_path / "gpu_check.json").read_text())["steps"]
+    assert {k for k, s in steps.items() if s["status"] == "pass"} == {"machine", "host", "threads"}
+    assert all(steps[k]["reason"] == "not among --only's steps" for k in STEPS if k not in ("host", "threads"))
+    with pytest.raises(SystemExit) as exit_:
+        main(["--smoke", "--out", str(tmp_path), "--only", "host,flash"])
+    assert exit_.value.code == 2 and "--only host,flash: unknown step flash; steps are matmul_peak" in \
+        capsys.readouterr().err
+
+
+def test_the_h200_record_has_every_step_and_the_estimate_quotes_its_figures():
+    """The GPU presets' estimate (``runners.presets.GpuEstimate``) is read off the committed H200 record, not assumed:
+    its MFU of the datasheet peak and its cold compile are the record's batch-32 timing, rounded."""
+    from benchmarks.gpu_check import STEPS
+
+    record = json.loads((ROOT / "benchmarks" / "data" / "gpu_check-nvidia-h200.json").read_text())
+    assert record["machine"]["gpu"] == "NVIDIA H200" and record["summary"] == {"pass": 12, "fail": 0, "skipped": 2}
+    assert set(STEPS) <= set(record["steps"]) and record["steps"]["search"]["placed_on"] == ["cuda:0"]
+    rows = {r["shape"]: r for r in record["timing_batch_32"]["timing"]["rows"]}
+    estimate = get_preset("gpu-prism").gpu
+    assert estimate.mfu == pytest.approx(rows["uniform"]["mfu_of_datasheet"], abs=0.005)
+    assert estimate.compile_s == pytest.approx(max(r["compile_s"] for r in rows.values()), abs=1.0)

@@ -79,9 +79,10 @@ def gpu_arithmetic(preset: Preset) -> str:
                   + ", ".join(f"{b.kv_cache_bytes_per_token() // group:,} at group size {group}"
                               for group in options.kv_groups))
     return (f"{b.flops_per_token(t.seq_len) / 1e9:.3f} GFLOP/token (ArchConfig.flops_per_token, T={t.seq_len}) at "
-            f"an assumed {g.achieved_flops / 1e12:.0f} TFLOP/s ({100 * g.mfu:.0f} % MFU of the "
+            f"{g.achieved_flops / 1e12:.0f} TFLOP/s ({100 * g.mfu:.0f} % MFU of the "
             f"{g.peak_flops / 1e12:.0f} TFLOP/s H100/H200 bf16 datasheet peak; a run's MFU is against the matmul "
-            f"peak it measures, which reads higher) and a cold compile of {g.compile_s:.0f} s a schedule (assumed): "
+            f"peak it measures, which reads higher) and a cold compile of {g.compile_s:.0f} s a schedule (both "
+            "measured on one H200 by benchmarks/gpu_check.py; yours: run it): "
             f"{g.tokens_per_s(b, t) / 1e3:.0f}k tokens/s, {minutes:.1f} min a trial; {walk} "
             f"(--workers auto); from a seed sd of {g.seed_sd} nats (modded-nanogpt, GPT-2 small), paired sd at most "
             f"{paired_sd:.4f}: a race of {race} over {seeds} paired seeds detects {gain:.4f} nats "
