@@ -17,7 +17,7 @@ from plotly.subplots import make_subplots
 
 DATA = Path(__file__).parent / "data"
 POLICY_COLOURS = {"fixed": "#1b9e77", "race": "#d95f02", "adaptive-pick": "#e6ab02", "adaptive": "#e7298a",
-                  "oracle": "#7570b3"}
+                  "adaptive-answer": "#66a61e", "oracle": "#7570b3"}
 SCORE_SYMBOLS = {"final": "circle", "train_mean": "square", "train_last_half": "diamond", "val_auc": "star",
                  "extrapolated": "x"}
 

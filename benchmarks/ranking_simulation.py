@@ -13,7 +13,9 @@ pick, the tied set, and the pick's paired gain over the baseline with its interv
 the same number of trials: ``fixed`` (seed replicates of the baseline and the 4 best by
 seed-adjusted loss, ``--replicates fixed``), ``race`` (racing, ``--replicates race``) and
 ``adaptive`` (the knowledge gradient on the study's own shrunk posterior, ``--replicates
-adaptive``, ``nas.study.adaptive``), each judged after several replicate budgets. Reported per
+adaptive``, ``nas.study.adaptive``), each judged after several replicate budgets; the opt-in
+``adaptive-answer`` (the knowledge gradient with the answer's sentence valued beside the pick) runs when
+``--policies`` names it, not in ``nas bench``. Reported per
 policy and budget, over ``studies`` simulated studies: P(the pick is the true best), P(the true
 best is in the tied set), mean regret (true loss of the pick minus the best's), the coverage of
 the pick's nominal 95 % interval of its gain, and the leaderboard's quality (Spearman correlation
@@ -291,6 +293,8 @@ def _row(policy: str, budget: int, noise: str, outcomes: list[dict[str, float]])
 
 PICK_ONLY = "adaptive-pick"  # the knowledge gradient for the pick alone (the default before the baseline kept pace)
 POLICIES = ("fixed", "race", PICK_ONLY, "adaptive", "oracle")
+ANSWER = "adaptive-answer"  # opt-in (nas.study.adaptive.answer_value): run with --policies, not by nas bench
+CHOICES = (*POLICIES, ANSWER)
 NOISES = (("measured", PAIRED_SD), (f"paired sd x{QUIETER}", PAIRED_SD * QUIETER))
 DATA_FILE = "benchmarks/data/ranking_simulation.json"
 MDG_RATIO_TARGET = 1.7  # the answer's minimum detectable gain within this factor of the allocation limit
@@ -320,7 +324,7 @@ def measure(policies: tuple[str, ...], studies: int, processes: int, seed: int,
                 rows += [{**row, "true-mean sd": spread} if spread != SPREAD_SD else row for row in new]
                 if on_rows is not None:
                     on_rows(rows)
-    order = {p: i for i, p in enumerate(POLICIES)}
+    order = {p: i for i, p in enumerate(CHOICES)}
     noises = {n: i for i, (n, _) in enumerate(NOISES)}
     return sorted(rows, key=lambda r: (noises.get(r["noise"], 9), order.get(r["policy"], 9), r["replicate trials"]))
 
@@ -407,7 +411,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(prog="python -m benchmarks.ranking_simulation",
                                      description="figure 10's rows for some policies, merged into the recorded "
                                                  "data (the whole figure: nas bench --only 10)")
-    parser.add_argument("--policies", default=",".join(POLICIES), help="comma-separated: " + ", ".join(POLICIES))
+    parser.add_argument("--policies", default=",".join(POLICIES), help="comma-separated: " + ", ".join(CHOICES))
     parser.add_argument("--studies", type=int, default=STUDIES)
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
@@ -421,9 +425,9 @@ if __name__ == "__main__":
     parser.add_argument("--out", help=f"merge the rows into this JSON ({DATA_FILE})")
     args = parser.parse_args()
     chosen = tuple(p for p in args.policies.split(",") if p)
-    unknown = [p for p in chosen if p not in POLICIES]
+    unknown = [p for p in chosen if p not in CHOICES]
     if unknown:
-        parser.error(f"unknown policy {unknown[0]!r}; choose from {', '.join(POLICIES)}")
+        parser.error(f"unknown policy {unknown[0]!r}; choose from {', '.join(CHOICES)}")
     levels = dict(zip(("measured", "half"), NOISES))
     noise_names = [n for n in args.noises.split(",") if n]
     if not noise_names or any(n not in levels for n in noise_names):

@@ -192,3 +192,61 @@ def test_summarise_fits_each_variant_of_the_model_once(monkeypatch):
     summary = summary_of(search, trials)
     assert summary.resolution is not None and summary.limit is not None
     assert len(calls) == len(set(calls)) <= 3, calls
+
+
+def test_the_answer_value_is_the_fall_of_the_picks_detectable_gain_per_trial():
+    """``adaptive-answer``'s value of one more seed of the pick: its interval's MDG times the fall of ``sqrt(1/n +
+    1/n_b)``, over the trials it costs (two while the baseline would lag the pick, one when it is ahead)."""
+    from nas.stats.comparisons import ALPHA
+    from nas.stats.resolution import gain_design, posterior_resolution
+    from nas.study.adaptive import answer_value
+
+    scores = scores_of({BASE: {0: 3.0, 1: 3.02}, "a": {0: 2.95, 1: 3.0, 2: 2.93, 3: 2.99}, "b": {0: 2.97, 1: 2.99},
+                        "c": {0: 3.01, 1: 3.04}, "d": {0: 3.0, 1: 2.97}, "e": {0: 3.02, 1: 3.05}})
+    trained = {k: set(s.seeds) for k, s in scores.items()}
+    state = adaptive_state(scores, BASE, 0, PLANNING_DRAWS, plug_in=True)
+    assert state.pick == "a"
+    mdg = posterior_resolution(gain_design(scores, "a", BASE, state.fit), 4, 2, ALPHA, 1.0).gain
+    lagging = mdg * (1 - math.sqrt((1 / 5 + 1 / 3) / (1 / 4 + 1 / 2))) / 2
+    assert answer_value(scores, state, "a", BASE, trained) == pytest.approx(lagging, rel=1e-12) and lagging > 0
+    trained[BASE] |= {2, 3, 4, 5}  # in flight: the baseline ahead of the pick, so one trial buys the pick's seed
+    ahead = mdg * (1 - math.sqrt((1 / 5 + 1 / 6) / (1 / 4 + 1 / 6)))
+    assert answer_value(scores, state, "a", BASE, trained) == pytest.approx(ahead, rel=1e-12)
+    assert answer_value(scores, state, BASE, BASE, trained) == 0.0  # the baseline against itself: nothing to answer
+
+
+def test_in_a_flat_space_adaptive_answer_gives_the_answers_comparison_its_seeds():
+    """Shapes 0.002-0.012 nats apart under a noise of 0.1 (the pick cannot be found in 40 trials): the default spreads
+    its seeds over contenders, ``adaptive-answer`` spends them on the pick and the baseline, on common seeds (real
+    planner, three plays each)."""
+    shared = {}
+    for policy in ("adaptive", "adaptive-answer"):
+        search = search_of(trials=8 + 40, replicates=policy)
+        keys = [a.key() for a in search.members()]
+        baseline = search.baseline.key()
+        means = {k: 3.0 + 0.002 * (i % 7) for i, k in enumerate(keys)}
+        means[baseline] = 3.03
+        shared[policy] = 0
+        for play_seed in range(3):
+            trials = play(search, means, noise=0.1, seed=play_seed)
+            scores = scores_by_shape(trials)
+            pick = adaptive_state(scores, baseline, 0, PLANNING_DRAWS, plug_in=True).pick
+            if pick != baseline:
+                shared[policy] += len(set(scores[pick].seeds) & set(scores[baseline].seeds))
+    assert shared["adaptive-answer"] >= 2 * shared["adaptive"] + 10, shared
+
+
+def test_when_the_baseline_is_the_pick_the_sentences_subject_is_the_best_other_shape_and_the_baseline_keeps_its_pace():
+    """The sentence then compares the best other shape with the baseline (``reports.summary.study_resolution``), so
+    ``adaptive-answer`` values that shape's seeds, and the baseline keeps pace with it rather than with itself."""
+    from nas.study.adaptive import sentence_subject
+
+    scores = scores_of({BASE: {0: 2.93, 1: 2.96, 2: 2.94}, "a": {0: 2.95, 1: 2.97, 2: 2.94, 3: 2.96},
+                        "b": {0: 2.96, 1: 3.0}, "c": {0: 3.0, 1: 2.97}, "d": {0: 2.98, 1: 3.01},
+                        "e": {0: 2.99, 1: 3.02}})
+    trained = {k: set(s.seeds) for k, s in scores.items()}
+    state = adaptive_state(scores, BASE, 0, PLANNING_DRAWS, plug_in=True)
+    assert state.pick == BASE and not state.settled and sentence_subject(state, BASE) == "a"
+    assert next_shape(scores, BASE, 0, trained, answer=True) == (BASE, "adaptive")  # 3 seeds against a's 4
+    trained[BASE].add(3)  # in flight: level with the subject, whose next seed now buys the sentence the most
+    assert next_shape(scores, BASE, 0, trained, answer=True) == ("a", "adaptive")

@@ -111,5 +111,6 @@ def test_a_search_config_rejects_bad_race_options(replicates):
 
     with pytest.raises(UsageError, match="--race-size 0 is invalid"):
         SearchConfig(replicates=replicates, race_size=0).validate()
-    with pytest.raises(UsageError, match="unknown replicates policy 'best'; choose race, fixed, adaptive"):
+    with pytest.raises(UsageError,
+                       match="unknown replicates policy 'best'; choose race, fixed, adaptive, adaptive-answer"):
         SearchConfig(replicates="best").validate()

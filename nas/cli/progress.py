@@ -53,8 +53,9 @@ class Progress:
         c = search.config
         self.workers = len(search.placements) or self.workers
         then = {"race": f"then a race of the baseline and the {c.race_size} best",
-                "adaptive": "then adaptive replicates (knowledge gradient)"}.get(c.replicates,
-                                                                                      "then seed replicates")
+                "adaptive": "then adaptive replicates (knowledge gradient)",
+                "adaptive-answer": "then adaptive replicates (knowledge gradient and the answer's sentence)",
+                }.get(c.replicates, "then seed replicates")
         mode = f"exhaustive walk, {then}" if search.exhaustive else f"{c.sampler or 'default'} sampler"
         self.print(f"study {c.study_name!r} in {display_url(c.storage)}: {c.space.space} space of "
                    f"{search.space.count()} shapes "

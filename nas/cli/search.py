@@ -83,7 +83,9 @@ def search(
     replicates: Annotated[Replicates, typer.Option("--replicates", help="After an exhaustive walk: adaptive "
                                                    "(the knowledge gradient on the shrunk posterior: each seed goes "
                                                    "to the shape whose next score is expected to improve the pick "
-                                                   "most), race (the best shapes race the baseline on common "
+                                                   "most), adaptive-answer (the same, the answer's comparison "
+                                                   "with the baseline valued beside the pick: for a flat space), "
+                                                   "race (the best shapes race the baseline on common "
                                                    "seeds, the worse dropped) or fixed (seeds for --replicate-top "
                                                    "shapes).")]
     = Replicates.adaptive,

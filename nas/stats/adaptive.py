@@ -85,7 +85,8 @@ def credible_set(p_best: dict[str, float], pick: str, level: float = 1 - ALPHA) 
     return tuple(chosen)
 
 
-def knowledge_gradient(state: AdaptiveState, pending: dict[str, int] | None = None) -> str:
+def knowledge_gradient(state: AdaptiveState, pending: dict[str, int] | None = None,
+                       bonus: dict[str, float] | None = None) -> str:
     """The shape whose next score is expected to lower the best posterior mean the most (module docstring).
 
     Frazier, Powell and Dayanik, "A knowledge-gradient policy for sequential information collection" (SIAM J.
@@ -96,7 +97,8 @@ def knowledge_gradient(state: AdaptiveState, pending: dict[str, int] | None = No
         KG_k = sigma~_k f(-|mu_k - min_{j != k} mu_j| / sigma~_k),   f(z) = z Phi(z) + phi(z)
 
     ``pending``: shape -> trainings in flight; each counts as a score already taken (``v_k`` shrunk by it, the
-    mean unchanged), so workers that plan at once spread over shapes instead of lining up on one."""
+    mean unchanged), so workers that plan at once spread over shapes instead of lining up on one. ``bonus``: shape ->
+    nats a trial of it is worth besides ``KG_k`` (``nas.study.adaptive.answer_value``), added before the argmax."""
     model = state.fit
     assert model is not None and state.estimable
     marginals = model.marginals()
@@ -104,7 +106,8 @@ def knowledge_gradient(state: AdaptiveState, pending: dict[str, int] | None = No
     mu, v, s2 = marginals  # (S,), (S,), scalar
     waiting = np.array([(pending or {}).get(key, 0) for key in model.keys], dtype=float)  # (S,)
     v = 1 / (1 / np.maximum(v, 1e-300) + waiting / s2)
-    return model.keys[int(np.argmax(knowledge_gradients(mu, v, s2)))]
+    extra = np.array([(bonus or {}).get(key, 0.0) for key in model.keys])  # (S,)
+    return model.keys[int(np.argmax(knowledge_gradients(mu, v, s2) + extra))]
 
 
 def knowledge_gradients(mu: np.ndarray, v: np.ndarray, s2: float) -> np.ndarray:

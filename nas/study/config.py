@@ -38,7 +38,7 @@ def check_study_name(name: str, flag: str = "--study-name") -> str:
 
 
 SAMPLERS = ("tpe", "random", "grid", "gp", "nsga2")
-REPLICATES = ("race", "fixed", "adaptive")
+REPLICATES = ("race", "fixed", "adaptive", "adaptive-answer")
 PRUNERS = ("auto", "median", "hyperband", "none")
 # kv_cache: KV-cache bytes per token of context (ArchConfig.kv_cache_bytes_per_token), with a space's GQA options
 OBJECTIVES = {"loss": "minimize", "params": "minimize", "tokens_per_s": "maximize", "kv_cache": "minimize"}

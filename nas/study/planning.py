@@ -61,6 +61,8 @@ def visited(trials: list[FrozenTrial]) -> set[tuple[str, int]]:
 # the adaptive allocation for the pick alone (the baseline not kept in pace): figure 10's reference row for what the
 # default spent before; not a choice of the command line
 PICK_ONLY = "adaptive-pick"
+# the knowledge gradient with the answer's sentence valued beside the pick (nas.study.adaptive.answer_value)
+ANSWER = "adaptive-answer"
 
 
 def plan_next(search: Search, trials: list[FrozenTrial]) -> Plan | None:
@@ -74,7 +76,7 @@ def plan_next(search: Search, trials: list[FrozenTrial]) -> Plan | None:
             return Plan(search.space.params_of(arch), {"key": arch.key(), "seed": seed, "role": "member"})
     if search.config.replicates == "fixed":
         return plan_replicate(search, trials, seen)
-    if search.config.replicates in ("adaptive", PICK_ONLY):
+    if search.config.replicates in ("adaptive", PICK_ONLY, ANSWER):
         return plan_adaptive(search, trials, seen)
     return plan_race(search, trials, seen)
 
@@ -109,7 +111,8 @@ def plan_adaptive(search: Search, trials: list[FrozenTrial], seen: set[tuple[str
     for key, s in seen:
         trained.setdefault(key, set()).add(s)
     pace = 0.0 if search.config.replicates == PICK_ONLY else BASELINE_PACE
-    key, role = next_shape(scores_by_shape(trials), search.baseline.key(), search.train.seed, trained, pace)
+    key, role = next_shape(scores_by_shape(trials), search.baseline.key(), search.train.seed, trained, pace,
+                           answer=search.config.replicates == ANSWER)
     seed = next(s for s in range(search.train.seed + 1, search.train.seed + 10**6) if s not in trained.get(key, ()))
     return Plan(search.space.params_of(_arch(search, trials, key)), {"key": key, "seed": seed, "role": role})
 
