@@ -376,7 +376,7 @@ def test_the_gpu_estimate_counts_the_cold_compile_and_converts_its_mfu_to_a_runs
     preset = get_preset("gpu-prism")
     g, b, t = preset.gpu, preset.baseline, preset.train
     assert g.minutes_per_trial(b, t) == pytest.approx((t.tokens / g.tokens_per_s(b, t) + g.compile_s) / 60)
-    assert g.run_mfu(800e12) == pytest.approx(0.40 * 989 / 800)
+    assert g.run_mfu(800e12) == pytest.approx(0.43 * 989 / 800)  # the H200-measured share of the datasheet peak
 
 
 def test_the_torch_floor_has_f_rms_norm():
