@@ -39,7 +39,9 @@ Two reference rows say what the target asks of any allocation, not only of ours:
 ``--paired-sd`` and ``--spread`` measure another regime than figure 10's: a real study's own paired sd
 and spread of true means (its REML ``tau``; the default search's are about 0.129 and 0.023, a space far
 flatter than figure 10's 0.060), into a file of their own
-(``benchmarks/data/ranking_simulation_flat.json``); its rows carry ``true-mean sd``.
+(``benchmarks/data/ranking_simulation_flat.json``); its rows carry ``true-mean sd``. ``--baseline-z`` puts the
+baseline's true mean that many spreads below the schedules' centre (figure 10's is at the centre, so the pick is
+rarely the baseline; in the real space the baseline *is* the posterior's pick): its rows carry ``baseline z``.
 """
 
 from __future__ import annotations
@@ -75,11 +77,13 @@ class Truth:
     baseline: str
 
 
-def draw_truth(keys: list[str], baseline: str, rng: random.Random, spread: float = SPREAD_SD) -> Truth:
-    """True means: a spread of schedules (sd ``spread``) around the baseline, the best one ``BEST_GAP`` ahead of the
-    rest."""
+def draw_truth(keys: list[str], baseline: str, rng: random.Random, spread: float = SPREAD_SD,
+               baseline_z: float = 0.0) -> Truth:
+    """True means: a spread of schedules (sd ``spread``) around 2.90, the baseline at ``2.90 - baseline_z spread``
+    (0: mid-spread, figure 10's; 1.645: better than 95 % of the schedules, the real space's regime, where the
+    baseline is the posterior's pick), the best one ``BEST_GAP`` ahead of the rest."""
     means = {key: 2.90 + rng.gauss(0.0, spread) for key in keys}
-    means[baseline] = 2.90
+    means[baseline] = 2.90 - baseline_z * spread
     ranked = sorted(means, key=means.get)
     best = ranked[0]
     means[best] = min(means[best], means[ranked[1]] - BEST_GAP)
@@ -87,9 +91,10 @@ def draw_truth(keys: list[str], baseline: str, rng: random.Random, spread: float
 
 
 def simulate_study(policy: str, budgets: tuple[int, ...], seed: int, race_size: int = 8,
-                   paired_sd: float = PAIRED_SD, spread: float = SPREAD_SD) -> list[dict[str, float]]:
+                   paired_sd: float = PAIRED_SD, spread: float = SPREAD_SD,
+                   baseline_z: float = 0.0) -> list[dict[str, float]]:
     """One simulated study run to ``max(budgets)`` replicate trials, judged after each budget's trials (true means
-    spread with sd ``spread``).
+    spread with sd ``spread``, the baseline at ``baseline_z``: ``draw_truth``).
 
     Every policy's planner is *anytime* (no choice reads the study's trial budget), so the study's first
     ``FIRST_PASS + b`` trials are exactly the study it would have run with ``b`` replicate trials: the budgets'
@@ -110,7 +115,7 @@ def simulate_study(policy: str, budgets: tuple[int, ...], seed: int, race_size: 
     rng = random.Random(seed)
     members = search.members()
     keys = [a.key() for a in members]
-    truth = draw_truth(keys, search.baseline.key(), rng, spread)
+    truth = draw_truth(keys, search.baseline.key(), rng, spread, baseline_z)
     archs = {a.key(): a for a in members}
     seed_effects: dict[int, float] = {}
     trials = []
@@ -198,11 +203,11 @@ def board_quality(scores: dict, truth: Truth) -> dict[str, float]:
 
 
 def simulate_oracle(budgets: tuple[int, ...], seed: int, paired_sd: float = PAIRED_SD,
-                    spread: float = SPREAD_SD) -> list[dict[str, float]]:
+                    spread: float = SPREAD_SD, baseline_z: float = 0.0) -> list[dict[str, float]]:
     """The ``oracle`` reference (module docstring): top-two Thompson sampling knowing the prior and the seed effects."""
     rng = random.Random(seed)
     keys = [f"s{i}" for i in range(FIRST_PASS)]
-    truth = draw_truth(keys, keys[0], rng, spread)
+    truth = draw_truth(keys, keys[0], rng, spread, baseline_z)
     prior_precision, noise_var = 1 / spread**2, paired_sd**2 / 2
     sums = dict.fromkeys(keys, 0.0)  # sum of (score - its seed's shared effect)
     n = dict.fromkeys(keys, 0)
@@ -246,11 +251,11 @@ def simulate_oracle(budgets: tuple[int, ...], seed: int, paired_sd: float = PAIR
     return out
 
 
-def _one(args: tuple[str, tuple[int, ...], int, float, float]) -> list[dict[str, float]]:
-    policy, budgets, seed, paired_sd, spread = args
+def _one(args: tuple[str, tuple[int, ...], int, float, float, float]) -> list[dict[str, float]]:
+    policy, budgets, seed, paired_sd, spread, baseline_z = args
     if policy == "oracle":
-        return simulate_oracle(budgets, seed, paired_sd, spread)
-    return simulate_study(policy, budgets, seed, paired_sd=paired_sd, spread=spread)
+        return simulate_oracle(budgets, seed, paired_sd, spread, baseline_z)
+    return simulate_study(policy, budgets, seed, paired_sd=paired_sd, spread=spread, baseline_z=baseline_z)
 
 
 def finite(outcomes: list[dict[str, float]], name: str) -> list[float]:
@@ -305,14 +310,16 @@ MDG_RATIO_TARGET = 1.7  # the answer's minimum detectable gain within this facto
 def measure(policies: tuple[str, ...], studies: int, processes: int, seed: int,
             budgets: tuple[int, ...] = REPLICATE_BUDGETS, done: list[dict[str, object]] | None = None,
             on_rows: Callable[[list[dict[str, object]]], None] | None = None,
-            noises: tuple[tuple[str, float], ...] = NOISES, spread: float = SPREAD_SD) -> list[dict[str, object]]:
+            noises: tuple[tuple[str, float], ...] = NOISES, spread: float = SPREAD_SD,
+            baseline_z: float = 0.0) -> list[dict[str, object]]:
     """Every policy's rows at both noise levels and every budget; study ``i`` draws the same truth and noise for
     every policy (``seed * 100_000 + i``), so the policies are compared on the same studies.
 
     ``done``: rows already measured (same studies and seed); a (noise, policy) whose rows are all there is not
     measured again. ``on_rows`` gets every row so far after each (noise, policy), so a cut-off run keeps them.
     ``noises``: the (name, paired sd) levels to measure (both of ``NOISES`` by default); ``spread``: the sd of the
-    true means (rows measured at another than ``SPREAD_SD`` say so in ``true-mean sd``)."""
+    true means (rows measured at another than ``SPREAD_SD`` say so in ``true-mean sd``); ``baseline_z``: where the
+    baseline's true mean lies (``draw_truth``; rows measured away from 0 say so in ``baseline z``)."""
     rows = list(done or [])
     have = {(r["noise"], r["policy"]) for r in rows}
     with multiprocessing.get_context("spawn").Pool(max(1, processes)) as pool:
@@ -320,10 +327,11 @@ def measure(policies: tuple[str, ...], studies: int, processes: int, seed: int,
             for policy in policies:
                 if (noise, policy) in have:
                     continue
-                outcomes = pool.map(_one, [(policy, budgets, seed * 100_000 + i, paired_sd, spread)
+                outcomes = pool.map(_one, [(policy, budgets, seed * 100_000 + i, paired_sd, spread, baseline_z)
                                            for i in range(studies)])
                 new = [_row(policy, budget, noise, [o[j] for o in outcomes]) for j, budget in enumerate(budgets)]
-                rows += [{**row, "true-mean sd": spread} if spread != SPREAD_SD else row for row in new]
+                new = [{**row, "true-mean sd": spread} if spread != SPREAD_SD else row for row in new]
+                rows += [{**row, "baseline z": baseline_z} if baseline_z else row for row in new]
                 if on_rows is not None:
                     on_rows(rows)
     order = {p: i for i, p in enumerate(CHOICES)}
@@ -423,6 +431,9 @@ if __name__ == "__main__":
                         help="one noise level of this paired sd instead of --noises (a study's own, e.g. 0.129)")
     parser.add_argument("--spread", type=float, default=SPREAD_SD,
                         help=f"sd of the true means (default {SPREAD_SD}, figure 10's; a flat space's is smaller)")
+    parser.add_argument("--baseline-z", type=float, default=0.0,
+                        help="the baseline's true mean this many spreads below the schedules' centre (default 0, "
+                             "figure 10's; 1.645: better than 95 %% of them, as in the real space)")
     parser.add_argument("--machine", default="", help="which kind of machine ran it, for the record")
     parser.add_argument("--out", help=f"merge the rows into this JSON ({DATA_FILE})")
     args = parser.parse_args()
@@ -438,13 +449,15 @@ if __name__ == "__main__":
     for name, value in (("--paired-sd", args.paired_sd), ("--spread", args.spread)):
         if value is not None and not (0 < value < 10):
             parser.error(f"{name} {value} is not a standard deviation in nats; give one in (0, 10)")
+    if not (math.isfinite(args.baseline_z) and abs(args.baseline_z) <= 5):
+        parser.error(f"--baseline-z {args.baseline_z} is not a place in the spread; give one in [-5, 5]")
     if args.paired_sd is not None:
         noise_names, noises = [f"paired sd {args.paired_sd:g}"], ((f"paired sd {args.paired_sd:g}", args.paired_sd),)
     measured_here = {name for name, _ in noises}
     path = Path(args.out) if args.out else None
     stored = json.loads(path.read_text()) if path is not None and path.exists() else {"rows": []}
     key = [list(chosen), args.studies, args.seed] + ([noise_names] if noise_names != ["measured", "half"] else []) \
-        + ([args.spread] if args.spread != SPREAD_SD else [])
+        + ([args.spread] if args.spread != SPREAD_SD else []) + ([args.baseline_z] if args.baseline_z else [])
     resumed = stored.get("partial") if stored.get("partial", {}).get("key") == key else None
     started = time.perf_counter()
 
@@ -454,8 +467,9 @@ if __name__ == "__main__":
         if path is None:
             return
         keep = [r for r in stored["rows"] if r["policy"] not in chosen or r["noise"] not in measured_here
-                or r.get("true-mean sd", SPREAD_SD) != args.spread]
+                or r.get("true-mean sd", SPREAD_SD) != args.spread or r.get("baseline z", 0.0) != args.baseline_z]
         record = {"policies": list(chosen), "noises": noise_names, "true-mean sd": args.spread,
+                  **({"baseline z": args.baseline_z} if args.baseline_z else {}),
                   "studies": args.studies, "seed": args.seed,
                   "seconds": round(time.perf_counter() - started + (resumed or {}).get("seconds", 0)),
                   "machine": args.machine, "date": time.strftime("%Y-%m-%d")}
@@ -469,7 +483,8 @@ if __name__ == "__main__":
         path.write_text(json.dumps(out, indent=1) + "\n")
 
     new_rows = measure(chosen, args.studies, args.processes, args.seed,
-                       done=(resumed or {}).get("rows"), on_rows=save, noises=noises, spread=args.spread)
+                       done=(resumed or {}).get("rows"), on_rows=save, noises=noises, spread=args.spread,
+                       baseline_z=args.baseline_z)
     save(new_rows, finished=True)
     seconds = time.perf_counter() - started
     for row in new_rows:

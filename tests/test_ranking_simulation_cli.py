@@ -64,3 +64,34 @@ def test_a_spread_that_is_not_a_standard_deviation_is_one_line(tmp_path: Path) -
     assert proc.returncode == 2
     assert "--spread -1.0 is not a standard deviation in nats; give one in (0, 10)" in proc.stderr
     assert not (tmp_path / "x.json").exists()
+
+
+def test_a_baseline_among_the_best_is_a_regime_of_its_own_rows(tmp_path: Path) -> None:
+    """--baseline-z puts the baseline's true mean below the schedules' centre (the real space's regime, where the
+    baseline is the posterior's pick); its rows say so and leave figure 10's (baseline mid-spread) alone."""
+    import random
+
+    from benchmarks.ranking_simulation import draw_truth
+
+    keys = [f"s{i}" for i in range(129)]
+    truth = draw_truth(keys, "s0", random.Random(1), 0.023, 1.645)
+    assert truth.means["s0"] == 2.90 - 1.645 * 0.023 and truth.best != "s0"
+    below = sum(mean < truth.means["s0"] for key, mean in truth.means.items() if key != "s0")
+    assert 0 < below < 20  # about 5 % of 128 schedules draw better than a baseline at the 95th percentile
+    out = tmp_path / "figure10.json"
+    figure_10 = {"policy": "oracle", "noise": "measured", "replicate trials": 24, "studies": 1000,
+                 "P(pick = true best)": 0.297}
+    out.write_text(json.dumps({"what": "test", "runs": [], "rows": [figure_10]}))
+    proc = run("--policies", "oracle", "--noises", "measured", "--baseline-z", "1.645", "--studies", "3",
+               "--processes", "1", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert figure_10 in data["rows"] and len(data["rows"]) == 4
+    assert [r["replicate trials"] for r in data["rows"] if r.get("baseline z") == 1.645] == [24, 47, 71]
+    assert data["runs"][-1]["baseline z"] == 1.645
+
+
+def test_a_baseline_z_outside_the_spread_is_one_line(tmp_path: Path) -> None:
+    proc = run("--baseline-z", "nan", "--out", str(tmp_path / "x.json"))
+    assert proc.returncode == 2 and "--baseline-z nan is not a place in the spread; give one in [-5, 5]" in proc.stderr
+    assert not (tmp_path / "x.json").exists()
