@@ -42,19 +42,25 @@ def test_an_unknown_noise_level_is_one_line_naming_the_valid_ones(tmp_path: Path
     assert not (tmp_path / "x.json").exists()
 
 
-def test_a_studys_own_noise_and_spread_are_rows_of_their_own_beside_figure_10s(tmp_path: Path) -> None:
-    """--paired-sd and --spread measure another regime (a real study's, a flatter space) into the same file without
-    replacing figure 10's rows of the same policy; the rows and the run say which regime they are."""
+def beside_figure_10(tmp_path: Path, *regime: str) -> dict:
+    """The oracle's rows of another regime (3 studies) merged into a file holding one of figure 10's rows, which
+    they must leave alone: the file's content."""
     out = tmp_path / "figure10.json"
     figure_10 = {"policy": "oracle", "noise": "measured", "replicate trials": 24, "studies": 1000,
                  "P(pick = true best)": 0.297}
     out.write_text(json.dumps({"what": "test", "runs": [], "rows": [figure_10]}))
-    proc = run("--policies", "oracle", "--paired-sd", "0.129", "--spread", "0.023", "--studies", "3",
-               "--processes", "1", "--out", str(out))
+    proc = run("--policies", "oracle", *regime, "--studies", "3", "--processes", "1", "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(out.read_text())
-    flat = [r for r in data["rows"] if r.get("true-mean sd") == 0.023]
     assert figure_10 in data["rows"] and len(data["rows"]) == 4
+    return data
+
+
+def test_a_studys_own_noise_and_spread_are_rows_of_their_own_beside_figure_10s(tmp_path: Path) -> None:
+    """--paired-sd and --spread measure another regime (a real study's, a flatter space) into the same file without
+    replacing figure 10's rows of the same policy; the rows and the run say which regime they are."""
+    data = beside_figure_10(tmp_path, "--paired-sd", "0.129", "--spread", "0.023")
+    flat = [r for r in data["rows"] if r.get("true-mean sd") == 0.023]
     assert [(r["noise"], r["replicate trials"]) for r in flat] == [("paired sd 0.129", b) for b in (24, 47, 71)]
     assert data["runs"][-1]["true-mean sd"] == 0.023 and data["runs"][-1]["noises"] == ["paired sd 0.129"]
 
@@ -78,15 +84,7 @@ def test_a_baseline_among_the_best_is_a_regime_of_its_own_rows(tmp_path: Path) -
     assert truth.means["s0"] == 2.90 - 1.645 * 0.023 and truth.best != "s0"
     below = sum(mean < truth.means["s0"] for key, mean in truth.means.items() if key != "s0")
     assert 0 < below < 20  # about 5 % of 128 schedules draw better than a baseline at the 95th percentile
-    out = tmp_path / "figure10.json"
-    figure_10 = {"policy": "oracle", "noise": "measured", "replicate trials": 24, "studies": 1000,
-                 "P(pick = true best)": 0.297}
-    out.write_text(json.dumps({"what": "test", "runs": [], "rows": [figure_10]}))
-    proc = run("--policies", "oracle", "--noises", "measured", "--baseline-z", "1.645", "--studies", "3",
-               "--processes", "1", "--out", str(out))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    data = json.loads(out.read_text())
-    assert figure_10 in data["rows"] and len(data["rows"]) == 4
+    data = beside_figure_10(tmp_path, "--noises", "measured", "--baseline-z", "1.645")
     assert [r["replicate trials"] for r in data["rows"] if r.get("baseline z") == 1.645] == [24, 47, 71]
     assert data["runs"][-1]["baseline z"] == 1.645
 
