@@ -18,7 +18,7 @@ in ``delta``, so each draw has a *detection threshold* ``delta_i`` (the least ga
     power(delta) = share of draws with delta_i <= delta,      simulated MDG = their 80th percentile
 
 It reports the power at the stated gain and the simulated MDG beside it. The leader is the sentence's (the pick, or
-the best other shape when the baseline is the pick: ``reports.summary.study_resolution``).
+the best other shape when the baseline is the pick: ``reports.summary.sentence_leader``).
 
     python -m benchmarks.mdg_power --storage sqlite:///nas.db [--study-name NAME] [--draws 200] [--out FILE]
 
@@ -109,7 +109,7 @@ def simulated_study(scores: dict[str, ShapeScores], baseline: str, leader: str, 
 
 def check(data, draws: int = 200, seed: int = 0) -> PowerCheck:
     """``PowerCheck`` for one study snapshot (``reports.frame.StudyData``) whose answer is a shrunk interval."""
-    from reports.summary import allocated_adaptively, best_shape, study_resolution
+    from reports.summary import allocated_adaptively, best_shape, sentence_leader, study_resolution
 
     if not allocated_adaptively(data):
         raise ValueError("its answer is not a shrunk credible interval (no adaptive replicates): its minimum "
@@ -119,8 +119,7 @@ def check(data, draws: int = 200, seed: int = 0) -> PowerCheck:
     model = data.model(plug_in=True)
     if res is None or model is None or not model.components:
         raise ValueError("it has no minimum detectable gain yet (nothing is shrunk)")
-    baseline = data.baseline_key
-    leader = best if best != baseline else next(k for k in data.board["key"] if k != baseline)
+    baseline, leader = data.baseline_key, sentence_leader(data, best)
     component = max(model.components, key=lambda c: c.weight)
     sigma = math.sqrt(component.s2)
     tau = math.sqrt(component.s2 / math.exp(component.log_lam))

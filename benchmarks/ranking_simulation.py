@@ -457,7 +457,8 @@ if __name__ == "__main__":
     path = Path(args.out) if args.out else None
     stored = json.loads(path.read_text()) if path is not None and path.exists() else {"rows": []}
     key = [list(chosen), args.studies, args.seed] + ([noise_names] if noise_names != ["measured", "half"] else []) \
-        + ([args.spread] if args.spread != SPREAD_SD else []) + ([args.baseline_z] if args.baseline_z else [])
+        + ([args.spread] if args.spread != SPREAD_SD else []) \
+        + ([["baseline z", args.baseline_z]] if args.baseline_z else [])  # named: a bare number reads as a spread
     resumed = stored.get("partial") if stored.get("partial", {}).get("key") == key else None
     started = time.perf_counter()
 

@@ -134,13 +134,20 @@ def honest_gain(data: StudyData, key: str) -> PairedGain | None:
                        alpha=interval_alpha(data, key))
 
 
+def sentence_leader(data: StudyData, best: str | None) -> str | None:
+    """The shape the answer's sentence compares with the baseline: ``best``, or the best shape besides the baseline
+    on the board when the baseline leads; None without one."""
+    if best is None or best != data.baseline_key:
+        return best
+    return next((key for key in data.board["key"] if key != data.baseline_key), None)
+
+
 def study_resolution(data: StudyData, best: str | None) -> Resolution | None:
-    """The study's minimum detectable gain (``nas.stats.resolution``) for its leader: ``best``, or the best shape
-    besides the baseline when the baseline leads; None while it cannot be estimated."""
+    """The study's minimum detectable gain (``nas.stats.resolution``) for its leader (``sentence_leader``); None while
+    it cannot be estimated."""
     if best is None or data.baseline_key not in data.scores or data.board.empty:
         return None
-    leader = best if best != data.baseline_key else next(
-        (key for key in data.board["key"] if key != data.baseline_key), None)
+    leader = sentence_leader(data, best)
     if leader is None:
         return None
     if allocated_adaptively(data):  # the test is the shrunk gain's credible interval
