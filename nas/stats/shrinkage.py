@@ -28,8 +28,10 @@ shrunk like any member. That is right where the baseline sits mid-spread (figure
 best shapes, as in the real space: pulled towards the pack's centre, it makes every gain over it lean towards
 "better than the baseline", and the pick's interval covered 0.86-0.92 of such known truths
 (``benchmarks/ranking_simulation.py --baseline-z 1.645``; the true variance components plugged in did not mend it).
-A fixed-effect baseline mended the coverage but let ``tau`` fall to zero in the allocation loop (benchmarks/RESULTS.md,
-"The baseline among the best"): open.
+A fixed-effect baseline mends most of it, at a price wherever it goes: in the allocation's fit the knowledge
+gradient gives the unshrunk baseline nearly every replicate; in the board's it wins the board on luck where it sits
+mid-spread; in the answer's alone the board's pick is, in a fifth of such studies, expected worse than the baseline
+(benchmarks/RESULTS.md, "The baseline as a fixed effect, three ways"): open.
 
 The variance components come from the study itself, by restricted maximum likelihood (REML, with
 ``s2`` profiled out; Patterson and Thompson 1971), which the adaptive choice of which shapes get more
