@@ -50,7 +50,8 @@ class StudyData:
         board, the answer, its resolution and the adaptive state all read the same fits."""
         variant = (min_tau_ratio, plug_in)
         if variant not in self.fits:
-            self.fits[variant] = fit(self.scores, min_tau_ratio, plug_in) if self.scores else None
+            fixed = self.baseline_key if min_tau_ratio == 0 else None  # the allocation's keeps it a member (adaptive)
+            self.fits[variant] = fit(self.scores, min_tau_ratio, plug_in, baseline=fixed) if self.scores else None
         return self.fits[variant]
 
     def gains(self) -> dict[str, ShrunkGain]:
@@ -130,7 +131,7 @@ def study_data(name: str, directions: list[optuna.study.StudyDirection], trials:
     frame = pd.DataFrame([_row(t) for t in trials], columns=list(TRIAL_COLUMNS))
     baseline_key = attrs.get("nas:baseline_key")
     scores = scores_by_shape(trials)
-    model = fit(scores) if scores and baseline_key in scores else None
+    model = fit(scores, baseline=baseline_key) if scores and baseline_key in scores else None
     return StudyData(name=name, directions=directions, trials=trials, frame=frame, scores=scores,
                      board=leaderboard_of(trials, baseline_key, model=model), baseline_key=baseline_key, attrs=attrs,
                      reruns=reruns, skipped=skipped, fits={(0.0, False): model} if model is not None else {})

@@ -105,13 +105,14 @@ def test_a_shrunk_gains_credible_interval_detects_its_minimum_detectable_gain_80
     quantile = credible_quantile(design.df)  # the interval's own: Student t at the residual df
     half = quantile * math.sqrt(design.s2 * design.q)
     lead, base = keys.index("lead"), keys.index("base")
+    ridge = np.where(np.arange(len(keys)) == base, 0.0, design.lam)  # (S,): the baseline a fixed effect, unshrunk
 
     def detected(delta: float, draws: int = 20_000, widening: float = 1.0) -> float:
         truth = np.where(shape == lead, -delta, 0.0)  # (n,)
         hits = 0
         for _ in range(draws):
             y = 3.0 + truth + rng.normal(0, 0.3, 12)[seed] + rng.normal(0, math.sqrt(design.s2), len(y0))
-            sol = solve(design_sums(shape, seed, y, len(keys), 12), design.lam)
+            sol = solve(design_sums(shape, seed, y, len(keys), 12), ridge)
             hits += -(sol.m[lead] - sol.m[base]) - widening * half > 0
         return hits / draws
 

@@ -59,8 +59,12 @@ def adaptive_state(scores: dict[str, ShapeScores], baseline: str, base_seed: int
                    floored: Fit | None = None) -> AdaptiveState:
     """The pick (the board's rank 1: ``nas.stats.shrinkage.rank_shapes``), P(best) per shape and the credible set.
 
-    ``board``: the board's fit (``fit(scores)``) and ``floored``: ``fit(scores, MIN_TAU_RATIO, plug_in)``, when the
-    caller has them already (a reader fits each once)."""
+    ``board``: the board's fit (``fit(scores, baseline=baseline)``) and ``floored``: ``fit(scores, MIN_TAU_RATIO,
+    plug_in)``, when the caller has them already (a reader fits each once). The floored fit, which the knowledge
+    gradient and P(best) read, keeps the baseline a member of the pack: as a fixed effect (the board's) its posterior
+    variance ``s2 / n_base`` dwarfs a shrunk shape's, and the knowledge gradient gave it 65 of 71 replicate trials on
+    known truths with the baseline among the best (the leader 2); the tied set drawn from it covered the true best in
+    0.87 of those studies, from the member fit 0.95."""
     if not scores:
         return AdaptiveState(None, {}, (), None)
     pick = rank_shapes(scores, baseline, board, intervals=False).order[0]

@@ -1,7 +1,8 @@
 """The two-way mixed model behind the shrunk ranking (``nas.stats.shrinkage``): its sums, its solve, its likelihood.
 
 Every score of a study is ``L_s,i = m_s + u_i + e_s,i`` (shape level, seed effect, run noise). Given ``lambda =
-s2 / tau^2`` Henderson's mixed-model equations::
+s2 / tau^2`` Henderson's mixed-model equations (``lambda I`` is one ridge a shape: 0 for a fixed level, the
+baseline's, ``nas.stats.shrinkage``)::
 
     [Z'Z + lambda I   Z'X] [m]   [Z'y]
     [X'Z             X'X] [u] = [X'y]        posterior covariance s2 * (that matrix)^-1
@@ -109,16 +110,23 @@ class Likelihood:
     choice made on observed scores is ignorable for the likelihood); the moment estimate's ``s2`` is inflated by
     the selected seed of every shape that was replicated because it was lucky, and so it over-shrinks."""
 
-    def __init__(self, shape: np.ndarray, seed: np.ndarray, y: np.ndarray, n_shapes: int, n_seeds: int) -> None:
+    def __init__(self, shape: np.ndarray, seed: np.ndarray, y: np.ndarray, n_shapes: int, n_seeds: int,
+                 fixed: int | None = None) -> None:
         self.design = design_sums(shape, seed, y, n_shapes, n_seeds)
-        self.df = len(y) - n_seeds  # n - p
+        self.random = np.ones(n_shapes)  # (S,): 1 for a random shape level, 0 for the fixed one
+        if fixed is not None:
+            self.random[fixed] = 0.0
+        self.df = len(y) - n_seeds - (fixed is not None)  # n - p
 
     def at(self, log_lam: float) -> tuple[float, float, Solution]:
-        """``(deviance, profiled s2, the solve)`` at ``log lambda``."""
+        """``(deviance, profiled s2, the solve)`` at ``log lambda``; a ``fixed`` shape (the baseline) is a fixed
+        effect: no ridge, no term in ``sum_s log(1 + n_s / lam)``, one more ``p`` (its column in ``X``, whose
+        ``log |X' H^-1 X|`` differs from the seeds' Schur complement by the constant ``log n_fixed``)."""
         lam = math.exp(log_lam)
-        sol = solve(self.design, lam)
+        sol = solve(self.design, lam * self.random)
         q = max(sol.quadratic, 1e-300)
-        deviance = self.df * math.log(q / self.df) + float(np.sum(np.log1p(self.design.counts / lam))) + sol.logdet
+        deviance = (self.df * math.log(q / self.df) + float(np.sum(self.random * np.log1p(self.design.counts / lam)))
+                    + sol.logdet)
         return deviance, q / self.df, sol
 
     def mode(self, grid: np.ndarray, deviances: np.ndarray) -> float:

@@ -148,7 +148,8 @@ class GainDesign:
 
     At a fixed ``lambda`` the posterior mean is linear in the scores, ``theta_hat = c'y`` with ``c = W C^-1 e``
     (``W = [Z X]``, ``C`` the mixed-model equations' matrix, ``e`` = +1 at the shape, -1 at the baseline, 0 on the
-    seeds). With ``v = C^-1 e`` (its shape block: ``Cov(m) e / s2``) and ``W'W = C - diag(lambda, 0)``::
+    seeds). With ``v = C^-1 e`` (its shape block: ``Cov(m) e / s2``) and ``W'W = C - diag(Lambda, 0)`` (``Lambda``:
+    ``lambda`` a shape, 0 for the baseline, a fixed effect; ``lambda ||v||^2`` below sums ``Lambda_s v_s^2``)::
 
         Var(theta | data) = s2 q,          q = v_key - v_base
         E[theta_hat] = -g delta,           g = 1 - lambda v_key   (a true gain delta, every other shape level with
@@ -170,7 +171,7 @@ def gain_design(scores: dict[str, ShapeScores], key: str, baseline_key: str,
                 model: Fit | None = None) -> GainDesign | None:
     """``key``'s ``GainDesign`` at the REML estimate (``fit(plug_in=True)``, or ``model`` when given); None while
     nothing is shrunk."""
-    model = model if model is not None else fit(scores, plug_in=True)
+    model = model if model is not None else fit(scores, plug_in=True, baseline=baseline_key)
     if model is None or not model.components or key not in scores or baseline_key not in scores:
         return None
     c = max(model.components, key=lambda c: c.weight)
@@ -178,9 +179,10 @@ def gain_design(scores: dict[str, ShapeScores], key: str, baseline_key: str,
     e = np.zeros(len(model.keys))
     e[k], e[b] = 1.0, -1.0
     v = e / c.sol.d + c.sol.r @ (c.sol.inverse @ (c.sol.r.T @ e))  # (S,): Cov(m) e / s2
+    ridge = model.ridge(c.log_lam)  # (S,): lambda, 0 for a fixed baseline
     lam = math.exp(c.log_lam)
     q = float(v[k] - v[b])
-    return GainDesign(c.s2, lam, q, float(1 - lam * v[k]), max(0.0, q - lam * float(v @ v)), model.df)
+    return GainDesign(c.s2, lam, q, float(1 - ridge[k] * v[k]), max(0.0, q - float(v @ (ridge * v))), model.df)
 
 
 def posterior_resolution(design: GainDesign | None, n: int, baseline_n: int, alpha: float,

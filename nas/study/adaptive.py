@@ -123,10 +123,11 @@ def next_shape(scores: dict[str, ShapeScores], baseline: str, base_seed: int,
     Warm-up shapes missing the second seed first; then, once the pick is settled, the pick and the baseline
     alternately (fewest seeds first); else the baseline when it has fewer than ``pace`` times the pick's seeds
     (the sentence compares the two: ``BASELINE_PACE``); else the knowledge gradient (its ``pending``: the seeds in
-    ``trained`` without a score, in flight or failed). With ``answer`` (``--replicates adaptive-answer``) the
-    sentence's subject (``sentence_subject``: the pick, or the best other shape when the baseline is the pick) takes
-    the pick's place in the pace rule and gets its ``answer_value`` added to its knowledge gradient. ``pace`` 0 is
-    the allocation for the pick alone."""
+    ``trained`` without a score, in flight or failed). "The pick" in the pace and confirm rules is the sentence's
+    subject (``sentence_subject``: the pick, or the best other shape when the baseline is the pick): with the pick the
+    baseline itself, nothing else would keep the baseline in pace with the shape the sentence compares it with. With
+    ``answer`` (``--replicates adaptive-answer``) the subject also gets its ``answer_value`` added to its knowledge
+    gradient. ``pace`` 0 is the allocation for the pick alone."""
     second = base_seed + 1
     waiting = [k for k in warmup_shapes(scores, baseline) if second not in trained.get(k, set())]
     if waiting:
@@ -135,10 +136,10 @@ def next_shape(scores: dict[str, ShapeScores], baseline: str, base_seed: int,
     pending = {k: len(seeds - set(scores[k].seeds)) for k, seeds in trained.items() if k in scores}
     if not state.estimable:  # the warm-up is in flight: the shape with the fewest seeds among its shapes
         return min(warmup_shapes(scores, baseline), key=lambda k: len(trained.get(k, ()))), "adaptive"
+    subject = sentence_subject(state, baseline)
     if state.settled and state.pick is not None:
-        pair = [k for k in (state.pick, baseline) if k in scores]
+        pair = [k for k in (subject or state.pick, baseline) if k in scores]
         return min(pair, key=lambda k: (len(trained.get(k, ())), pair.index(k))), "adaptive-confirm"
-    subject = sentence_subject(state, baseline) if answer else state.pick
     if pace > 0 and subject not in (None, baseline) and baseline in scores \
             and len(trained.get(baseline, ())) < pace * len(trained.get(subject, ())):  # type: ignore[arg-type]
         return baseline, "adaptive"
