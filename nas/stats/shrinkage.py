@@ -362,8 +362,9 @@ def rank_shapes(scores: dict[str, ShapeScores], baseline_key: str | None, model:
                 intervals: bool = True) -> Ranking:
     """The board in one fit: shapes best first by ``L_base + E[theta_s]`` (module docstring; every shape of a study
     without a baseline keeps its plain mean), ties broken by the seed-adjusted loss, then by the plain mean.
-    ``model``: a fit of these scores already made (``fit(scores)``), so a reader fits once. ``intervals=False``:
-    the order and the ranked losses only (``gains`` empty), what the planner reads at every trial."""
+    ``model``: a fit of these scores already made (``fit(scores, baseline=baseline_key)``), so a reader fits once.
+    ``intervals=False``: the order and the ranked losses only (``gains`` empty), what the planner reads at every
+    trial."""
     adjusted = seed_adjusted_means(scores, baseline_key)
     if model is None and baseline_key in scores:
         model = fit(scores, baseline=baseline_key)
