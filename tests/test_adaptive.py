@@ -254,3 +254,19 @@ def test_when_the_baseline_is_the_pick_the_sentences_subject_is_the_best_other_s
     assert next_shape(scores, BASE, 0, trained, answer=True) == (BASE, "adaptive")  # 3 seeds against a's 4
     trained[BASE].add(3)  # in flight: level with the subject, whose next seed now buys the sentence the most
     assert next_shape(scores, BASE, 0, trained, answer=True) == ("a", "adaptive")
+    trained[BASE].discard(3)  # the default too keeps the baseline in pace with the subject, not with itself
+    assert next_shape(scores, BASE, 0, trained) == (BASE, "adaptive")
+
+
+def test_once_the_baseline_is_settled_as_the_pick_the_confirm_trials_go_to_the_subject_and_the_baseline():
+    """The confirm rule alternates the sentence's two shapes: with the baseline the pick, the best other shape and
+    the baseline (fewest seeds first), not the baseline alone."""
+    from nas.study.adaptive import sentence_subject
+
+    table = {BASE: {s: 2.80 + 0.01 * (s % 3) for s in range(10)}, "a": {0: 2.98, 1: 2.99, 2: 2.97},
+             **{k: {0: 3.0 + 0.01 * i, 1: 3.02} for i, k in enumerate("bcdef")}}
+    scores = scores_of(table)
+    trained = {k: set(s.seeds) for k, s in scores.items()}
+    state = adaptive_state(scores, BASE, 0, PLANNING_DRAWS, plug_in=True)
+    assert state.pick == BASE and state.settled and sentence_subject(state, BASE) == "a"
+    assert next_shape(scores, BASE, 0, trained) == ("a", "adaptive-confirm")
