@@ -11,7 +11,7 @@ own design (a parametric bootstrap at its fitted variance components)::
 
 on exactly the (shape, seed) pairs the study trained, with ``tau``, ``s2`` and the seed effects' sd from its plug-in
 REML fit (``nas.stats.shrinkage.fit(plug_in=True)``). Each simulated study is judged by the answer's own test (the
-refitted model's robust credible interval, ``nas.stats.shrinkage.rank_shapes``): the leader is called better when
+refitted model's robust credible interval, ``nas.stats.board.rank_shapes``): the leader is called better when
 its interval's upper end of ``m_leader - m_base`` lies below zero. With common random numbers the call is monotone
 in ``delta``, so each draw has a *detection threshold* ``delta_i`` (the least gain it detects, by bisection), and::
 
@@ -69,7 +69,7 @@ def shifted(scores: dict[str, ShapeScores], key: str, shift: float) -> dict[str,
 
 def detected(scores: dict[str, ShapeScores], leader: str, baseline: str) -> bool:
     """The answer's call: the upper end of the leader's robust credible interval of ``m_leader - m_base`` below 0."""
-    from nas.stats.shrinkage import rank_shapes
+    from nas.stats.board import rank_shapes
 
     gain = rank_shapes(scores, baseline).gains.get(leader)
     return gain is not None and gain.high is not None and gain.high < 0

@@ -169,7 +169,7 @@ def covered_with_truth(scores: dict, pick: str, truth: Truth, paired_sd: float, 
     """Whether the pick's 95 % credible interval covers its true gain when the variance components are the truth's
     (tau = spread, sigma = paired_sd / sqrt 2) instead of the study's estimate: the coverage diagnosis of issue 36
     (estimation of the components against selection of the pick)."""
-    from nas.stats.shrinkage import shrunk_gains
+    from nas.stats.board import shrunk_gains
 
     gains, _ = shrunk_gains(scores, truth.baseline, known=(spread, paired_sd / math.sqrt(2)))
     gain = gains.get(pick)
@@ -185,8 +185,8 @@ def board_quality(scores: dict, truth: Truth) -> dict[str, float]:
     of the board's rank 1."""
     from scipy import stats
 
+    from nas.stats.board import rank_shapes
     from nas.stats.scores import seed_adjusted_means
-    from nas.stats.shrinkage import rank_shapes
 
     out = {}
     keys = list(scores)

@@ -16,8 +16,8 @@ import optuna
 import plotly.graph_objects as go
 from optuna.trial import FrozenTrial, TrialState
 
+from nas.stats.board import lowest_ranked_loss
 from nas.stats.scores import ShapeScores
-from nas.stats.shrinkage import lowest_ranked_loss
 from nas.study.records import counts, loss_of
 from reports.frame import StudyData
 from reports.page import Section, plot_text

@@ -17,8 +17,9 @@ import pandas as pd
 from optuna.trial import FrozenTrial, TrialState
 
 from nas.arch import format_plateaus
+from nas.stats.board import ShrunkGain, rank_shapes
 from nas.stats.scores import ShapeScores
-from nas.stats.shrinkage import Fit, ShrunkGain, fit, rank_shapes
+from nas.stats.shrinkage import Fit, fit
 from nas.study.records import RESULT_FAILURES, counts, is_duplicate, scores_by_shape, unreadable_attr
 from reports.leaderboard import leaderboard_of
 
@@ -55,7 +56,7 @@ class StudyData:
         return self.fits[variant]
 
     def gains(self) -> dict[str, ShrunkGain]:
-        """Every shape's shrunk gain over the baseline with its robust interval (``nas.stats.shrinkage.rank_shapes``
+        """Every shape's shrunk gain over the baseline with its robust interval (``nas.stats.board.rank_shapes``
         on ``model()``), computed once: the answer's interval and its resolution read the same gains."""
         if self.ranked_gains is None:
             self.ranked_gains = rank_shapes(self.scores, self.baseline_key, self.model()).gains

@@ -24,8 +24,9 @@ from optuna.trial import FrozenTrial
 from scipy.special import stdtrit
 
 from nas.arch import format_plateaus
+from nas.stats.board import rank_shapes
 from nas.stats.scores import ShapeScores, mean_by_seed, seed_adjusted_means
-from nas.stats.shrinkage import Fit, rank_shapes
+from nas.stats.shrinkage import Fit
 from nas.study.records import scores_by_shape
 
 
@@ -38,7 +39,7 @@ def ci95(values: list[float] | tuple[float, ...]) -> float | None:
 
 
 def leaderboard(study: optuna.Study, top: int | None = None) -> pd.DataFrame:
-    """Shapes ranked by ``nas.stats.shrinkage.ranking``; the baseline row is always included (``is_baseline``).
+    """Shapes ranked by ``nas.stats.board.ranking``; the baseline row is always included (``is_baseline``).
 
     Each row carries the shape itself as ``arch`` (an ``ArchConfig`` dict), so that a row of
     ``nas best --format json`` is a valid ``nas train --config``.

@@ -115,7 +115,7 @@ def test_the_history_line_replays_the_leaderboards_ranking_in_trial_order(study)
     import random
     from types import SimpleNamespace
 
-    from nas.stats.shrinkage import ranked_losses, shrunk_gains
+    from nas.stats.board import ranked_losses, shrunk_gains
     from reports.dynamics import best_so_far
 
     rng = random.Random(7)

@@ -117,7 +117,7 @@ def test_a_shrunk_gains_credible_interval_detects_its_minimum_detectable_gain_80
         return hits / draws
 
     assert detected(res.gain) == pytest.approx(0.8, abs=0.01)  # 20k draws: se 0.003
-    # the answer's robust interval (nas.stats.shrinkage._gains_of) reaches 1.3 normal half-widths on the better side:
+    # the answer's robust interval (nas.stats.board._gains_of) reaches 1.3 normal half-widths on the better side:
     # its minimum detectable gain is larger, and detected 80 % of the time with that end
     wider = posterior_resolution(replace(design, widening=1.3), 12, 2, 0.05, 3.0)
     assert wider is not None and wider.gain > res.gain

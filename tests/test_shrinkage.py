@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from nas.stats.board import rank_shapes, ranked_losses, ranking, shrunk_gains
 from nas.stats.scores import ShapeScores, seed_adjusted_means
-from nas.stats.shrinkage import ROBUST_NU, fit, heavy_tailed, rank_shapes, ranked_losses, ranking, shrunk_gains
+from nas.stats.shrinkage import ROBUST_NU, fit, heavy_tailed
 
 BASE = "base"
 
@@ -345,7 +346,7 @@ def test_a_baseline_better_than_the_pack_keeps_its_own_level_and_the_gains_over_
     intervals cover their true gains over the baseline (here 0.953) and their posterior gains are unbiased; the
     baseline shrunk like a member (its level pulled towards the pack) biased every gain 0.019 nats towards "better
     than the baseline" and covered 0.881."""
-    from nas.stats.shrinkage import _gains_of
+    from nas.stats.board import _gains_of
 
     rng = random.Random(7)
     tally = {"fixed": [0, 0, []], "shrunk": [0, 0, []]}  # intervals, covered, posterior minus true gain

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import ndtr
 
+from nas.stats.board import rank_shapes
 from nas.stats.comparisons import ALPHA
 from nas.stats.scores import ShapeScores
-from nas.stats.shrinkage import Fit, fit, rank_shapes
+from nas.stats.shrinkage import Fit, fit
 
 ADAPTIVE_ROLES = ("adaptive", "adaptive-confirm")
 DRAWS = 4000  # joint posterior draws for the report's probabilities of being the best (fewer for large spaces)
@@ -57,7 +58,7 @@ def draws_for(shapes: int, draws: int = DRAWS) -> int:
 def adaptive_state(scores: dict[str, ShapeScores], baseline: str, base_seed: int,
                    draws: int = DRAWS, plug_in: bool = False, board: Fit | None = None,
                    floored: Fit | None = None) -> AdaptiveState:
-    """The pick (the board's rank 1: ``nas.stats.shrinkage.rank_shapes``), P(best) per shape and the credible set.
+    """The pick (the board's rank 1: ``nas.stats.board.rank_shapes``), P(best) per shape and the credible set.
 
     ``board``: the board's fit (``fit(scores, baseline=baseline)``) and ``floored``: ``fit(scores, MIN_TAU_RATIO,
     plug_in)``, when the caller has them already (a reader fits each once). The floored fit, which the knowledge

@@ -29,7 +29,7 @@ so its power and minimum detectable gain are::
 
 (``posterior_resolution``; ``g < 1``: the shrinkage keeps part of a true gain, so the MDG is larger than
 ``2.8`` posterior sds; ``rho >= 1``: the answer's interval is robust to the prior's tails, the union of the
-normal prior's and a heavy-tailed one's (``nas.stats.shrinkage._gains_of``), and its decisive end lies ``rho``
+normal prior's and a heavy-tailed one's (``nas.stats.board._gains_of``), and its decisive end lies ``rho``
 times the normal prior's half-width from the estimate, ``ShrunkGain.widening`` of the leader).
 """
 

@@ -62,10 +62,10 @@ from __future__ import annotations
 import math
 
 from nas.stats.adaptive import PLANNING_DRAWS, AdaptiveState, adaptive_state, knowledge_gradient
+from nas.stats.board import rank_shapes
 from nas.stats.comparisons import ALPHA
 from nas.stats.resolution import gain_design, posterior_resolution
 from nas.stats.scores import ShapeScores
-from nas.stats.shrinkage import rank_shapes
 
 WARMUP = 4  # first-pass best shapes that, with the baseline, open the second seed
 # the baseline trains whenever it has fewer than this many times the pick's seeds (in flight included): the

@@ -5,7 +5,7 @@ seed (the first pass). The remaining trials go, by default, to **adaptive replic
 (``--replicates adaptive``): the knowledge gradient on the study's shrunk posterior, with the baseline kept in
 pace with the pick so that the answer's comparison has seeds on both sides (``nas.study.adaptive``; recomputed
 from the storage at every call, like the race). Every policy chooses by the shrunk ranking the readers show
-(``nas.stats.shrinkage.rank_shapes``; after the first pass, one seed a shape, its order is the first pass's). Figure 10
+(``nas.stats.board.rank_shapes``; after the first pass, one seed a shape, its order is the first pass's). Figure 10
 (``benchmarks/ranking_simulation.py``) measured it against the others on known truths. With
 ``--replicates race`` they go to a **race** (as irace and F-race race algorithm configurations):
 
@@ -35,8 +35,8 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
+from nas.stats.board import rank_shapes
 from nas.stats.race import RaceState, first_pass_candidates, race_state
-from nas.stats.shrinkage import rank_shapes
 from nas.study.adaptive import BASELINE_PACE, next_shape
 from nas.study.records import arch_of, counts, in_flight, key_seed, scores_by_shape
 from nas.study.session import Search

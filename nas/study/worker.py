@@ -22,7 +22,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from nas.arch import ArchConfig
 from nas.errors import SearchAborted, UsageError
-from nas.stats.shrinkage import rank_shapes
+from nas.stats.board import rank_shapes
 from nas.study.heartbeat import Heartbeat, TrialLost, warn_on_stderr
 from nas.study.optuna_internals import trial_id
 from nas.study.planning import plan_next
@@ -59,7 +59,7 @@ class TrialEvent:
 def summary(search: Search, trials: list[FrozenTrial]) -> tuple[int, tuple[int, float] | None, float | None]:
     """(counted trials, best shape as (its first trial, ranked loss), the baseline's mean loss).
 
-    Shapes are ranked as in the leaderboard (``nas.stats.shrinkage.ranking``: the baseline's mean plus the shape's
+    Shapes are ranked as in the leaderboard (``nas.stats.board.ranking``: the baseline's mean plus the shape's
     paired difference shrunk by what its seeds support): one lucky seed is not a gain (and the baseline's own first
     seed must not show a gain over the baseline).
     """
