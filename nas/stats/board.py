@@ -49,7 +49,6 @@ class Ranking:
     prior: Prior | None
 
 
-
 def shrunk_gains(scores: dict[str, ShapeScores], baseline_key: str | None,
                  known: tuple[float, float] | None = None) -> tuple[dict[str, ShrunkGain], Prior | None]:
     """Every shape's ``ShrunkGain`` (the baseline's is 0 by definition) and the variance components used."""
@@ -63,11 +62,11 @@ def shrunk_gains(scores: dict[str, ShapeScores], baseline_key: str | None,
 
 def _gains_of(model: Fit, scores: dict[str, ShapeScores], baseline_key: str) -> dict[str, ShrunkGain]:
     """Every shape's ``ShrunkGain`` from one fit. Its interval is robust to the prior's tails: the union of the 95 %
-    credible intervals under the normal prior and under the heavy-tailed one (``heavy_tailed``), the range over a
-    class of priors that robust Bayesian analysis reports (Berger, "Robust Bayesian analysis: sensitivity to the
-    prior", J. Stat. Plan. Inference 1990). The normal prior's alone covered the pick's true gain in 0.90-0.94 of
-    figure 10's studies at the measured noise, its misses mostly on the side of a larger gain (the best shape
-    shrunk back too far); the heavy-tailed one's alone missed as often, on both sides."""
+    credible intervals under the normal prior and under the heavy-tailed one (``nas.stats.shrinkage.heavy_tailed``),
+    the range over a class of priors that robust Bayesian analysis reports (Berger, "Robust Bayesian analysis:
+    sensitivity to the prior", J. Stat. Plan. Inference 1990). The normal prior's alone covered the pick's true
+    gain in 0.90-0.94 of figure 10's studies at the measured noise, its misses mostly on the side of a larger gain
+    (the best shape shrunk back too far); the heavy-tailed one's alone missed as often, on both sides."""
     adjusted = seed_adjusted_means(scores, baseline_key)
     base_mean = scores[baseline_key].mean
     b = model.keys.index(baseline_key)
