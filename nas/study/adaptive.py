@@ -143,9 +143,9 @@ def next_shape(scores: dict[str, ShapeScores], baseline: str, base_seed: int,
     ``trained`` without a score, in flight or failed). "The pick" in the pace and confirm rules is the sentence's
     subject (``sentence_subject``: the pick, or the best other shape when the baseline is the pick): with the pick the
     baseline itself, nothing else would keep the baseline in pace with the shape the sentence compares it with. The
-    subject also gets its ``answer_value`` added to its knowledge gradient as ``answer`` says: ``ANSWER_ALWAYS``
-    (``--replicates adaptive-answer``), ``ANSWER_WHEN_FLAT`` (the default: while the study ``reads_flat``) or
-    ``ANSWER_NEVER``. ``pace`` 0 with ``ANSWER_NEVER`` is the allocation for the pick alone."""
+    subject also gets its ``answer_value`` added to its knowledge gradient as ``answer`` says: ``ANSWER_ALWAYS`` (``--replicates adaptive-answer``), ``ANSWER_WHEN_FLAT`` (the default:
+    while the study ``reads_flat``) or ``ANSWER_NEVER``. ``pace`` 0 with ``ANSWER_NEVER`` is the allocation for the
+    pick alone."""
     second = base_seed + 1
     waiting = [k for k in warmup_shapes(scores, baseline) if second not in trained.get(k, set())]
     if waiting:
