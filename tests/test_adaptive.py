@@ -14,7 +14,7 @@ from optuna.trial import TrialState
 
 from nas.stats.adaptive import PLANNING_DRAWS, adaptive_state, credible_set, knowledge_gradients
 from nas.stats.shrinkage import fit
-from nas.study.adaptive import ANSWER_ALWAYS, WARMUP, next_shape
+from nas.study.adaptive import WARMUP, next_shape
 from nas.study.planning import plan_next
 from nas.study.records import scores_by_shape
 from reports.frame import study_data
@@ -219,36 +219,12 @@ def test_the_answer_value_is_the_fall_of_the_picks_detectable_gain_per_trial():
     assert answer_value(scores, state, BASE, BASE, trained) == 0.0  # the baseline against itself: nothing to answer
 
 
-def test_a_study_reads_flat_when_its_reml_spread_sits_at_the_allocations_floor():
-    """``reads_flat``: the plug-in REML estimate of the shapes' spread at the floor ``MIN_TAU_RATIO sigma`` (every
-    shape's seeds average to one level: the likelihood is flattest at no spread), not where the levels stand apart
-    by many times the noise; and the floor is the whole criterion: the same table reads flat under a higher floor."""
-    from nas.study import adaptive as study_adaptive
-    from nas.study.adaptive import reads_flat
-
-    noise = [0.03, -0.03, 0.01, -0.01]  # every shape's seeds average to the shape's level
-    flat = {k: {s: 3.0 + 0.05 * s + noise[(s + i) % 4] for s in range(4)} for i, k in enumerate([BASE, *"abcde"])}
-    spread = {k: {s: 3.0 + 0.2 * i + 0.05 * s + noise[(s + i) % 4] for s in range(4)}
-              for i, k in enumerate([BASE, *"abcde"])}
-    flat_state = adaptive_state(scores_of(flat), BASE, 0, PLANNING_DRAWS, plug_in=True)
-    spread_state = adaptive_state(scores_of(spread), BASE, 0, PLANNING_DRAWS, plug_in=True)
-    assert reads_flat(flat_state) and not reads_flat(spread_state)
-    prior = spread_state.fit.prior
-    assert prior.tau > 2 * prior.sigma  # far from the floor, as built
-    original = study_adaptive.MIN_TAU_RATIO
-    try:
-        study_adaptive.MIN_TAU_RATIO = 2 * prior.tau / prior.sigma  # a floor above the spread: then it reads flat
-        assert reads_flat(spread_state)
-    finally:
-        study_adaptive.MIN_TAU_RATIO = original
-
-
 def test_in_a_flat_space_adaptive_answer_gives_the_answers_comparison_its_seeds():
-    """Shapes 0.002-0.012 nats apart under a noise of 0.1 (the pick cannot be found in 40 trials): the allocation for
-    the pick alone (``adaptive-pick``) spreads its seeds over contenders, ``adaptive-answer`` spends them on the pick
-    and the baseline, on common seeds (real planner, three plays each)."""
+    """Shapes 0.002-0.012 nats apart under a noise of 0.1 (the pick cannot be found in 40 trials): the default spreads
+    its seeds over contenders, ``adaptive-answer`` spends them on the pick and the baseline, on common seeds (real
+    planner, three plays each)."""
     shared = {}
-    for policy in ("adaptive-pick", "adaptive-answer"):
+    for policy in ("adaptive", "adaptive-answer"):
         search = search_of(trials=8 + 40, replicates=policy)
         keys = [a.key() for a in search.members()]
         baseline = search.baseline.key()
@@ -261,31 +237,7 @@ def test_in_a_flat_space_adaptive_answer_gives_the_answers_comparison_its_seeds(
             pick = adaptive_state(scores, baseline, 0, PLANNING_DRAWS, plug_in=True).pick
             if pick != baseline:
                 shared[policy] += len(set(scores[pick].seeds) & set(scores[baseline].seeds))
-    assert shared["adaptive-answer"] >= 2 * shared["adaptive-pick"] + 10, shared
-
-
-@pytest.mark.parametrize("step", [0.0, 0.2])
-def test_the_default_values_the_sentence_while_the_study_reads_flat_and_only_then(step):
-    """Nine shapes, the pick ``a`` and the baseline on six seeds, the rest on four. Levels ``step`` apart: at 0 the
-    study reads flat and the default's next trial is the one ``adaptive-answer`` makes (the sentence's subject), not
-    the knowledge gradient's alone; 0.2 apart it reads the spread and makes the knowledge gradient's choice."""
-    from nas.study.adaptive import ANSWER_NEVER, reads_flat
-
-    noise = [0.03, -0.03, 0.01, -0.01, 0.02, -0.02]
-    table = {k: {s: 3.0 + step * i + 0.05 * s + noise[(s + i) % 4] for s in range(4)}
-             for i, k in enumerate([BASE, *"bcdefgh"])}
-    table[BASE] = {s: 3.0 + 0.05 * s + noise[s % 6] for s in range(6)}
-    table["a"] = {s: 2.99 + 0.05 * s + noise[(s + 1) % 6] for s in range(6)}
-    scores = scores_of(table)
-    trained = {k: set(s.seeds) for k, s in scores.items()}
-    state = adaptive_state(scores, BASE, 0, PLANNING_DRAWS, plug_in=True)
-    assert state.pick == "a" and reads_flat(state) == (step == 0)
-    default = next_shape(scores, BASE, 0, trained)
-    if step == 0:
-        assert default == next_shape(scores, BASE, 0, trained, answer=ANSWER_ALWAYS) == ("a", "adaptive")
-        assert next_shape(scores, BASE, 0, trained, answer=ANSWER_NEVER) != default
-    else:
-        assert default == next_shape(scores, BASE, 0, trained, answer=ANSWER_NEVER)
+    assert shared["adaptive-answer"] >= 2 * shared["adaptive"] + 10, shared
 
 
 def test_when_the_baseline_is_the_pick_the_sentences_subject_is_the_best_other_shape_and_the_baseline_keeps_its_pace():
@@ -299,9 +251,9 @@ def test_when_the_baseline_is_the_pick_the_sentences_subject_is_the_best_other_s
     trained = {k: set(s.seeds) for k, s in scores.items()}
     state = adaptive_state(scores, BASE, 0, PLANNING_DRAWS, plug_in=True)
     assert state.pick == BASE and not state.settled and sentence_subject(state, BASE) == "a"
-    assert next_shape(scores, BASE, 0, trained, answer=ANSWER_ALWAYS) == (BASE, "adaptive")  # 3 seeds against a's 4
+    assert next_shape(scores, BASE, 0, trained, answer=True) == (BASE, "adaptive")  # 3 seeds against a's 4
     trained[BASE].add(3)  # in flight: level with the subject, whose next seed now buys the sentence the most
-    assert next_shape(scores, BASE, 0, trained, answer=ANSWER_ALWAYS) == ("a", "adaptive")
+    assert next_shape(scores, BASE, 0, trained, answer=True) == ("a", "adaptive")
     trained[BASE].discard(3)  # the default too keeps the baseline in pace with the subject, not with itself
     assert next_shape(scores, BASE, 0, trained) == (BASE, "adaptive")
 

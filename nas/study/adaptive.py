@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import math
 
-from nas.stats.adaptive import MIN_TAU_RATIO, PLANNING_DRAWS, AdaptiveState, adaptive_state, knowledge_gradient
+from nas.stats.adaptive import PLANNING_DRAWS, AdaptiveState, adaptive_state, knowledge_gradient
 from nas.stats.board import rank_shapes
 from nas.stats.comparisons import ALPHA
 from nas.stats.resolution import gain_design, posterior_resolution
@@ -71,10 +71,6 @@ WARMUP = 4  # first-pass best shapes that, with the baseline, open the second se
 # the baseline trains whenever it has fewer than this many times the pick's seeds (in flight included): the
 # answer's sentence compares the two, and its interval is set by the scarcer of them (module docstring)
 BASELINE_PACE = 1.0
-# when the sentence's value joins the knowledge gradient (``next_shape``): never (``adaptive-pick``), while the study
-# reads flat (the default, ``adaptive``: ``reads_flat``), always (``adaptive-answer``)
-ANSWER_NEVER, ANSWER_WHEN_FLAT, ANSWER_ALWAYS = "never", "when-flat", "always"
-FLOOR_TOLERANCE = 1e-2  # the REML mode found at the floor lies within 0.1 % of it (golden section on a 0.5 step)
 
 
 def warmup_shapes(scores: dict[str, ShapeScores], baseline: str) -> tuple[str, ...]:
@@ -94,18 +90,6 @@ def sentence_subject(state: AdaptiveState, baseline: str) -> str | None:
         return state.pick
     others = [(mu, key) for mu, key in zip(marginals[0], state.fit.keys) if key != baseline]
     return min(others)[1] if others else None
-
-
-def reads_flat(state: AdaptiveState) -> bool:
-    """Whether the study's own REML estimate puts the shapes' spread at the allocation's floor, ``tau^ <=
-    MIN_TAU_RATIO sigma^`` (``nas.stats.shrinkage.fit``): the data show no spread among the shapes that a pick could
-    be found in, and the knowledge gradient is exploring on a spread the floor assumes. Every real default search on
-    the CPU proxy read so (REML ``tau^ = 0`` after 12, 24, 47 and 71 replicate trials, five searches); of figure 10's
-    known truths (true ``tau / sigma`` 0.76) 12-15 % of the studies after 12-24 replicate trials and 3 % after 71; of
-    the flat known truths (0.25) about 40 % (60 studies each, the plug-in fit with the baseline fixed)."""
-    prior = state.fit.prior if state.fit is not None else None
-    return prior is not None and prior.sigma is not None and \
-        prior.tau <= MIN_TAU_RATIO * prior.sigma * (1 + FLOOR_TOLERANCE)
 
 
 def answer_value(scores: dict[str, ShapeScores], state: AdaptiveState, subject: str, baseline: str,
@@ -133,8 +117,7 @@ def answer_value(scores: dict[str, ShapeScores], state: AdaptiveState, subject: 
 
 
 def next_shape(scores: dict[str, ShapeScores], baseline: str, base_seed: int,
-               trained: dict[str, set[int]], pace: float = BASELINE_PACE,
-               answer: str = ANSWER_WHEN_FLAT) -> tuple[str, str]:
+               trained: dict[str, set[int]], pace: float = BASELINE_PACE, answer: bool = False) -> tuple[str, str]:
     """(shape, role) to train next; ``trained`` maps a shape to the seeds it has trained, is training or has queued.
 
     Warm-up shapes missing the second seed first; then, once the pick is settled, the pick and the baseline
@@ -142,10 +125,9 @@ def next_shape(scores: dict[str, ShapeScores], baseline: str, base_seed: int,
     (the sentence compares the two: ``BASELINE_PACE``); else the knowledge gradient (its ``pending``: the seeds in
     ``trained`` without a score, in flight or failed). "The pick" in the pace and confirm rules is the sentence's
     subject (``sentence_subject``: the pick, or the best other shape when the baseline is the pick): with the pick the
-    baseline itself, nothing else would keep the baseline in pace with the shape the sentence compares it with. The
-    subject also gets its ``answer_value`` added to its knowledge gradient as ``answer`` says: ``ANSWER_ALWAYS`` (``--replicates adaptive-answer``), ``ANSWER_WHEN_FLAT`` (the default:
-    while the study ``reads_flat``) or ``ANSWER_NEVER``. ``pace`` 0 with ``ANSWER_NEVER`` is the allocation for the
-    pick alone."""
+    baseline itself, nothing else would keep the baseline in pace with the shape the sentence compares it with. With
+    ``answer`` (``--replicates adaptive-answer``) the subject also gets its ``answer_value`` added to its knowledge
+    gradient. ``pace`` 0 is the allocation for the pick alone."""
     second = base_seed + 1
     waiting = [k for k in warmup_shapes(scores, baseline) if second not in trained.get(k, set())]
     if waiting:
@@ -161,8 +143,7 @@ def next_shape(scores: dict[str, ShapeScores], baseline: str, base_seed: int,
     if pace > 0 and subject not in (None, baseline) and baseline in scores \
             and len(trained.get(baseline, ())) < pace * len(trained.get(subject, ())):  # type: ignore[arg-type]
         return baseline, "adaptive"
-    valued = answer == ANSWER_ALWAYS or (answer == ANSWER_WHEN_FLAT and reads_flat(state))
-    bonus = {subject: answer_value(scores, state, subject, baseline, trained)} if valued and subject else None
+    bonus = {subject: answer_value(scores, state, subject, baseline, trained)} if answer and subject else None
     return knowledge_gradient(state, pending, bonus), "adaptive"
 
 

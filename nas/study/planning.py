@@ -37,7 +37,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from nas.stats.board import rank_shapes
 from nas.stats.race import RaceState, first_pass_candidates, race_state
-from nas.study.adaptive import ANSWER_ALWAYS, ANSWER_NEVER, ANSWER_WHEN_FLAT, BASELINE_PACE, next_shape
+from nas.study.adaptive import BASELINE_PACE, next_shape
 from nas.study.records import arch_of, counts, in_flight, key_seed, scores_by_shape
 from nas.study.session import Search
 
@@ -111,8 +111,8 @@ def plan_adaptive(search: Search, trials: list[FrozenTrial], seen: set[tuple[str
     for key, s in seen:
         trained.setdefault(key, set()).add(s)
     pace = 0.0 if search.config.replicates == PICK_ONLY else BASELINE_PACE
-    answer = {ANSWER: ANSWER_ALWAYS, PICK_ONLY: ANSWER_NEVER}.get(search.config.replicates, ANSWER_WHEN_FLAT)
-    key, role = next_shape(scores_by_shape(trials), search.baseline.key(), search.train.seed, trained, pace, answer)
+    key, role = next_shape(scores_by_shape(trials), search.baseline.key(), search.train.seed, trained, pace,
+                           answer=search.config.replicates == ANSWER)
     seed = next(s for s in range(search.train.seed + 1, search.train.seed + 10**6) if s not in trained.get(key, ()))
     return Plan(search.space.params_of(_arch(search, trials, key)), {"key": key, "seed": seed, "role": role})
 
