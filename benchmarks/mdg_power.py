@@ -20,6 +20,13 @@ in ``delta``, so each draw has a *detection threshold* ``delta_i`` (the least ga
 It reports the power at the stated gain and the simulated MDG beside it. The leader is the sentence's (the pick, or
 the best other shape when the baseline is the pick: ``reports.summary.sentence_leader``).
 
+Beside them, the **split**: the minimum detectable gain the answer would state under the study's own model (its REML
+``lambda`` and ``s2``, its robust widening and quantile) had the leader and the baseline shared every replicate trial
+on common seeds (``1 + R // 2`` each, the allocation limit's split), every other shape on its first seed alone
+(``split_resolution``). The allocation limit is a paired t-test's; the split is the same oracle read by the answer's
+own test, shrinkage included. Their ratio says whether the limit is a fair yardstick for the answer's model (near 1:
+the gap between the stated gain and the limit is the allocation's, not the model's).
+
     python -m benchmarks.mdg_power --storage sqlite:///nas.db [--study-name NAME] [--draws 200] [--out FILE]
 
 About 0.3 s a draw on a 200-trial study (2-core AMD EPYC, fp32 matmul peak ~143 GFLOP/s).
@@ -59,6 +66,8 @@ class PowerCheck:
     simulated_gain: float  # nats: the 80th percentile of the draws' detection thresholds
     simulated_pct: float
     thresholds_quartiles: tuple[float, float, float]  # nats
+    limit_pct: float  # the allocation limit (nas.stats.resolution.allocation_limit)
+    split_pct: float  # the answer's own test on the limit's split (split_resolution)
 
 
 def shifted(scores: dict[str, ShapeScores], key: str, shift: float) -> dict[str, ShapeScores]:
@@ -107,9 +116,43 @@ def simulated_study(scores: dict[str, ShapeScores], baseline: str, leader: str, 
     return out
 
 
+def split_resolution(scores: dict[str, ShapeScores], baseline: str, leader: str, replicate_trials: int,
+                     tau: float, sigma: float, df: int, widening: float):
+    """The minimum detectable gain (``nas.stats.resolution.Resolution``) that the answer's test (the shrunk gain's
+    robust credible interval, ``posterior_resolution``) states at the variance components ``tau``, ``sigma`` for a
+    design where the leader and the baseline share ``n = 1 + replicate_trials // 2`` common seeds and every other
+    shape keeps its first seed alone; ``df`` and ``widening`` are the study's (its ``s2``'s degrees of freedom and the
+    leader's robust widening). None when the shrinkage keeps nothing of a gain. At a fixed ``lambda`` the interval's
+    width does not read the losses, only which shape trained on which seed."""
+    from dataclasses import replace
+
+    from nas.stats.comparisons import ALPHA
+    from nas.stats.resolution import gain_design, posterior_resolution
+    from nas.stats.shrinkage import fit
+
+    n = 1 + replicate_trials // 2
+    first = min(s for shape in scores.values() for s in shape.seeds)
+    design = {}
+    for key, shape in scores.items():
+        seeds = tuple(range(first, first + n)) if key in (leader, baseline) else shape.seeds[:1]
+        design[key] = ShapeScores(key, tuple(range(len(seeds))), seeds, tuple(shape.mean for _ in seeds))
+    gains = gain_design(design, leader, baseline, fit(design, known=(tau, sigma), baseline=baseline))
+    if gains is None:
+        return None
+    return posterior_resolution(replace(gains, df=df, widening=widening), n, n, ALPHA, scores[baseline].mean)
+
+
 def check(data, draws: int = 200, seed: int = 0) -> PowerCheck:
     """``PowerCheck`` for one study snapshot (``reports.frame.StudyData``) whose answer is a shrunk interval."""
-    from reports.summary import allocated_adaptively, best_shape, sentence_leader, study_resolution
+    from nas.stats.resolution import gain_design
+    from reports.summary import (
+        allocated_adaptively,
+        best_shape,
+        replicate_trials,
+        sentence_leader,
+        study_limit,
+        study_resolution,
+    )
 
     if not allocated_adaptively(data):
         raise ValueError("its answer is not a shrunk credible interval (no adaptive replicates): its minimum "
@@ -130,9 +173,15 @@ def check(data, draws: int = 200, seed: int = 0) -> PowerCheck:
     base_loss = data.scores[baseline].mean
     simulated = float(np.quantile(found, POWER))
     quartiles = tuple(float(q) for q in np.quantile(found, [0.25, 0.5, 0.75]))
+    limit = study_limit(data, res)
+    shrunk = data.gains().get(leader)
+    stated = gain_design(data.scores, leader, baseline, model)
+    split = split_resolution(data.scores, baseline, leader, replicate_trials(data), tau, sigma,
+                             stated.df if stated is not None else 0, shrunk.widening if shrunk is not None else 1.0)
     return PowerCheck(data.name, leader, data.scores[leader].n, data.scores[baseline].n, tau, sigma, seed_sd, draws,
                       res.gain, res.gain_pct, float(np.mean([t <= res.gain for t in found])), simulated,
-                      100 * simulated / base_loss, quartiles)  # type: ignore[arg-type]
+                      100 * simulated / base_loss, quartiles,  # type: ignore[arg-type]
+                      limit.gain_pct if limit is not None else math.nan, split.gain_pct if split else math.nan)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,7 +217,9 @@ def main(argv: list[str] | None = None) -> int:
           f"nats; leader on {result.leader_seeds} seeds, baseline on {result.baseline_seeds}); simulated power "
           f"there {result.power_at_stated:.2f} (stated {POWER:.2f}); the simulated {100 * POWER:.0f} % point "
           f"{result.simulated_pct:.2f} % ({result.simulated_gain:.3f} nats); {result.draws} draws at tau "
-          f"{result.tau:.4f}, sigma {result.sigma:.4f}, seed sd {result.seed_sd:.4f}; {seconds:.0f} s")
+          f"{result.tau:.4f}, sigma {result.sigma:.4f}, seed sd {result.seed_sd:.4f}; the allocation limit "
+          f"{result.limit_pct:.2f} %, its split read by the answer's own test {result.split_pct:.2f} % "
+          f"({result.split_pct / result.limit_pct:.2f}x); {seconds:.0f} s")
     if args.out:
         path = Path(args.out)
         stored = json.loads(path.read_text()) if path.exists() else {"what": "benchmarks/mdg_power.py", "runs": []}

@@ -3,6 +3,7 @@ design, judged by the answer's own test."""
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -57,3 +58,36 @@ def test_a_study_without_adaptive_replicates_is_one_line(tmp_path: Path) -> None
     data.trials = [t for t in data.trials if t.user_attrs.get("role") not in ("adaptive", "adaptive-confirm")]
     with pytest.raises(ValueError, match="paired t-test"):
         check(data, draws=10)
+
+
+def test_the_split_reads_the_design_not_the_losses_and_meets_the_paired_limit_when_the_shrinkage_lets_go():
+    """``split_resolution``: on a study whose design already is the split (the leader and the baseline on ``n``
+    common seeds, the rest on one), it states the answer's own minimum detectable gain at the same variance
+    components, whatever the losses; it falls as the replicate trials grow, and with 400 of them (the shrinkage
+    keeps almost all of a gain) it meets the paired t-test's allocation limit at the same paired sd."""
+    from dataclasses import replace
+
+    from benchmarks.mdg_power import split_resolution
+    from nas.stats.comparisons import ALPHA
+    from nas.stats.resolution import allocation_limit, gain_design, posterior_resolution
+    from nas.stats.scores import ShapeScores
+    from nas.stats.shrinkage import fit
+
+    rng = np.random.default_rng(3)
+    n, tau, sigma = 12, 0.03, 0.08
+    keys = ["base", "lead", *(f"s{i}" for i in range(30))]
+    scores = {}
+    for i, key in enumerate(keys):
+        seeds = tuple(range(n)) if key in ("base", "lead") else (0,)
+        losses = tuple(3.0 + 0.01 * i + float(rng.normal(0, sigma)) for _ in seeds)
+        scores[key] = ShapeScores(key, tuple(range(len(seeds))), seeds, losses)
+    stated = posterior_resolution(replace(gain_design(scores, "lead", "base", fit(scores, known=(tau, sigma),
+                                                                                  baseline="base")), df=40),
+                                  n, n, ALPHA, scores["base"].mean)
+    split = split_resolution(scores, "base", "lead", 2 * (n - 1), tau, sigma, 40, 1.0)
+    assert split.gain == pytest.approx(stated.gain, rel=1e-9)
+    budgets = (10, 40, 100, 400)
+    gains = [split_resolution(scores, "base", "lead", r, tau, sigma, 40, 1.0).gain for r in budgets]
+    assert gains == sorted(gains, reverse=True)
+    limit = allocation_limit(math.sqrt(2) * sigma, 400, ALPHA, scores["base"].mean)
+    assert gains[-1] / limit.gain == pytest.approx(1.0, abs=0.06)  # g = 201 / (201 + 7.1) = 0.97 at 400 trials
