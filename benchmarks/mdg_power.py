@@ -39,10 +39,14 @@ import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from nas.stats.scores import ShapeScores
+
+if TYPE_CHECKING:
+    from nas.stats.resolution import Resolution
 
 POWER = 0.8
 MAX_GAIN = 4.0  # nats: a draw that has not detected this much by then is given it (never seen)
@@ -117,7 +121,7 @@ def simulated_study(scores: dict[str, ShapeScores], baseline: str, leader: str, 
 
 
 def split_resolution(scores: dict[str, ShapeScores], baseline: str, leader: str, replicate_trials: int,
-                     tau: float, sigma: float, df: int, widening: float):
+                     tau: float, sigma: float, df: int, widening: float) -> Resolution | None:
     """The minimum detectable gain (``nas.stats.resolution.Resolution``) that the answer's test (the shrunk gain's
     robust credible interval, ``posterior_resolution``) states at the variance components ``tau``, ``sigma`` for a
     design where the leader and the baseline share ``n = 1 + replicate_trials // 2`` common seeds and every other

@@ -122,7 +122,7 @@ def posterior_gain(data: StudyData, key: str) -> PairedGain | None:
 
 
 def replicated(data: StudyData) -> tuple[str, ...]:
-    """The shapes besides the baseline that received fixed replicates (role ``replicate``), in order of first seed:
+    """The shapes besides the baseline that received fixed replicates (role ``replicate``), in the order they began:
     the fixed policy's pick is chosen among them on their replicate seeds."""
     return tuple(dict.fromkeys(t.user_attrs["key"] for t in data.trials if t.user_attrs.get("role") == "replicate"
                                and "key" in t.user_attrs and t.user_attrs["key"] != data.baseline_key))
