@@ -13,9 +13,10 @@ The **minimum detectable gain** (MDG) is the ``delta`` at which that power is 80
 for large ``n`` it tends to ``(z_{1-alpha/2} + z_{0.8}) sigma / sqrt(n)``). The study supplies
 ``sigma`` (its pooled paired sd against the baseline, ``nas.stats.comparisons.pooled_paired_sd``),
 ``n`` (the leader's paired seeds that did not select it, as its interval uses them) and
-``alpha`` (Bonferroni over the race's candidates after a race, as the pick's interval). The
-seeds a 1 % and a 0.5 % gain would need are the smallest ``n`` whose MDG is at most that share
-of the baseline's loss. ``tests/test_resolution.py`` checks the power against a simulation.
+``alpha`` (Bonferroni over the race's candidates after a race, over the replicated shapes after
+fixed replicates, as the pick's interval). The seeds a 1 % and a 0.5 % gain would need are the
+smallest ``n`` whose MDG is at most that share of the baseline's loss. ``tests/test_resolution.py``
+checks the power against a simulation.
 
 After adaptive replicates the sentence's test is the pick's 95 % *credible* interval of its shrunk
 gain (``nas.stats.shrinkage``), not a t interval on its paired seeds (the shape model reads every
