@@ -90,6 +90,43 @@ def draw_truth(keys: list[str], baseline: str, rng: random.Random, spread: float
     return Truth(means, best, baseline)
 
 
+def cpu_search(policy: str, trials: int, race_size: int = 8):
+    """A ``nas.study.session.Search`` of the default ``cpu`` prism space with replicates ``policy`` and a budget of
+    ``trials``, without storage: what the simulated studies plan with."""
+    from nas.study.config import SearchConfig
+    from nas.study.session import Search
+    from runners.presets import get_preset
+    from search_spaces.factory import SpaceOptions, build_space
+
+    preset = get_preset("cpu")
+    space = build_space(SpaceOptions(space="prism"), defaults=preset.baseline)
+    config = SearchConfig(trials=trials, replicates=policy, race_size=race_size)
+    return Search(config, None, space, preset.train, None, True, None, 0)  # type: ignore[arg-type]
+
+
+def play_study(search, means: dict[str, float], rng: random.Random, paired_sd: float = PAIRED_SD) -> list:
+    """The study's trials to its budget, each planned by the real planner (``nas.study.planning.plan_next``) and
+    scored ``means[shape] + u_seed + e`` (module docstring), the seed effects and the noise drawn from ``rng``."""
+    import optuna
+
+    from nas.study.planning import plan_next
+    from nas.study.records import counts, shape_attrs
+
+    archs = {a.key(): a for a in search.members()}
+    seed_effects: dict[int, float] = {}
+    trials: list = []
+    while sum(counts(t) for t in trials) < search.config.trials:
+        plan = plan_next(search, trials)
+        key, s, role = plan.user_attrs["key"], plan.user_attrs["seed"], plan.user_attrs["role"]
+        u = seed_effects.setdefault(s, rng.gauss(0.0, SEED_SD))
+        loss = means[key] + u + rng.gauss(0.0, paired_sd / math.sqrt(2))
+        trial = optuna.trial.create_trial(value=loss, user_attrs={**shape_attrs(archs[key], s, role),
+                                                                  "val_loss": loss})
+        trial.number = len(trials)
+        trials.append(trial)
+    return trials
+
+
 def simulate_study(policy: str, budgets: tuple[int, ...], seed: int, race_size: int = 8,
                    paired_sd: float = PAIRED_SD, spread: float = SPREAD_SD,
                    baseline_z: float = 0.0) -> list[dict[str, float]]:
@@ -99,36 +136,12 @@ def simulate_study(policy: str, budgets: tuple[int, ...], seed: int, race_size: 
     Every policy's planner is *anytime* (no choice reads the study's trial budget), so the study's first
     ``FIRST_PASS + b`` trials are exactly the study it would have run with ``b`` replicate trials: the budgets'
     rows share their studies (a paired comparison across budgets) at a third of the cost."""
-    import optuna
-
-    from nas.study.config import SearchConfig
-    from nas.study.planning import plan_next
-    from nas.study.records import counts, shape_attrs
-    from nas.study.session import Search
-    from runners.presets import get_preset
-    from search_spaces.factory import SpaceOptions, build_space
-
-    preset = get_preset("cpu")
-    space = build_space(SpaceOptions(space="prism"), defaults=preset.baseline)
-    config = SearchConfig(trials=FIRST_PASS + max(budgets), replicates=policy, race_size=race_size)
-    search = Search(config, None, space, preset.train, None, True, None, 0)  # type: ignore[arg-type]
+    search = cpu_search(policy, FIRST_PASS + max(budgets), race_size)
     rng = random.Random(seed)
-    members = search.members()
-    keys = [a.key() for a in members]
+    keys = [a.key() for a in search.members()]
     truth = draw_truth(keys, search.baseline.key(), rng, spread, baseline_z)
-    archs = {a.key(): a for a in members}
-    seed_effects: dict[int, float] = {}
-    trials = []
-    while sum(counts(t) for t in trials) < config.trials:
-        plan = plan_next(search, trials)
-        key, s, role = plan.user_attrs["key"], plan.user_attrs["seed"], plan.user_attrs["role"]
-        u = seed_effects.setdefault(s, rng.gauss(0.0, SEED_SD))
-        loss = truth.means[key] + u + rng.gauss(0.0, paired_sd / math.sqrt(2))
-        trial = optuna.trial.create_trial(value=loss, user_attrs={**shape_attrs(archs[key], s, role),
-                                                                  "val_loss": loss})
-        trial.number = len(trials)
-        trials.append(trial)
-    return [judge(trials[:FIRST_PASS + b], truth, preset.train.seed, paired_sd, spread) for b in budgets]
+    trials = play_study(search, truth.means, rng, paired_sd)
+    return [judge(trials[:FIRST_PASS + b], truth, search.train.seed, paired_sd, spread) for b in budgets]
 
 
 def judge(trials: list, truth: Truth, base_seed: int, paired_sd: float = PAIRED_SD,
