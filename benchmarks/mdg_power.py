@@ -148,7 +148,6 @@ def split_resolution(scores: dict[str, ShapeScores], baseline: str, leader: str,
 
 def check(data, draws: int = 200, seed: int = 0) -> PowerCheck:
     """``PowerCheck`` for one study snapshot (``reports.frame.StudyData``) whose answer is a shrunk interval."""
-    from nas.stats.resolution import gain_design
     from reports.summary import (
         allocated_adaptively,
         best_shape,
@@ -179,9 +178,8 @@ def check(data, draws: int = 200, seed: int = 0) -> PowerCheck:
     quartiles = tuple(float(q) for q in np.quantile(found, [0.25, 0.5, 0.75]))
     limit = study_limit(data, res)
     shrunk = data.gains().get(leader)
-    stated = gain_design(data.scores, leader, baseline, model)
-    split = split_resolution(data.scores, baseline, leader, replicate_trials(data), tau, sigma,
-                             stated.df if stated is not None else 0, shrunk.widening if shrunk is not None else 1.0)
+    split = split_resolution(data.scores, baseline, leader, replicate_trials(data), tau, sigma, model.df,
+                             shrunk.widening if shrunk is not None else 1.0)
     return PowerCheck(data.name, leader, data.scores[leader].n, data.scores[baseline].n, tau, sigma, seed_sd, draws,
                       res.gain, res.gain_pct, float(np.mean([t <= res.gain for t in found])), simulated,
                       100 * simulated / base_loss, quartiles,  # type: ignore[arg-type]

@@ -32,7 +32,16 @@ import statistics
 import time
 from pathlib import Path
 
-from benchmarks.ranking_simulation import FIRST_PASS, PAIRED_SD, SPREAD_SD, Truth, cpu_search, draw_truth, play_study
+from benchmarks.ranking_simulation import (
+    FIRST_PASS,
+    PAIRED_SD,
+    SPREAD_SD,
+    Truth,
+    cpu_search,
+    draw_truth,
+    play_study,
+    simulated_data,
+)
 
 REPLICATE_TRIALS = 71  # what the default 200-trial search leaves after its first pass
 
@@ -48,9 +57,6 @@ def planted(truth: Truth, rng: random.Random, gain_pct: float) -> tuple[Truth, s
 
 def study(args: tuple[str, float, int, float, float, float, int]) -> dict[str, float]:
     """One study with a shape planted ``gain_pct`` % better, answered by the real summary after its budget."""
-    import optuna
-
-    from reports.frame import study_data
     from reports.summary import summarise
 
     policy, gain_pct, seed, paired_sd, spread, baseline_z, replicate_trials = args
@@ -59,12 +65,9 @@ def study(args: tuple[str, float, int, float, float, float, int]) -> dict[str, f
     keys = [a.key() for a in search.members()]
     truth, key = planted(draw_truth(keys, search.baseline.key(), rng, spread, baseline_z), rng, gain_pct)
     trials = play_study(search, truth.means, rng, paired_sd)
-    data = study_data("planted", [optuna.study.StudyDirection.MINIMIZE], trials,
-                      {"nas:baseline_key": truth.baseline, "nas:identity": {"train": {"seed": search.train.seed}}})
+    data = simulated_data(trials, truth.baseline, search.train.seed)
     summary = summarise(data)
-    gain = summary.gain
-    declared = (summary.best != truth.baseline and gain is not None and gain.low_pct is not None
-                and gain.low_pct > 0)
+    declared = summary.beats_baseline
     return {"declared": float(declared), "planted_declared": float(declared and summary.best == key),
             "pick_is_planted": float(summary.best == key), "planted_seeds": float(data.scores[key].n),
             "mdg_pct": summary.resolution.gain_pct if summary.resolution is not None else math.nan}

@@ -144,17 +144,23 @@ def simulate_study(policy: str, budgets: tuple[int, ...], seed: int, race_size: 
     return [judge(trials[:FIRST_PASS + b], truth, search.train.seed, paired_sd, spread) for b in budgets]
 
 
+def simulated_data(trials: list, baseline: str, base_seed: int):
+    """The report's ``reports.frame.StudyData`` of a simulated study's trials (what ``summarise`` reads)."""
+    import optuna
+
+    from reports.frame import study_data
+
+    return study_data("simulated", [optuna.study.StudyDirection.MINIMIZE], trials,
+                      {"nas:baseline_key": baseline, "nas:identity": {"train": {"seed": base_seed}}})
+
+
 def judge(trials: list, truth: Truth, base_seed: int, paired_sd: float = PAIRED_SD,
           spread: float = SPREAD_SD) -> dict[str, float]:
     """The real report's verdict on a simulated study (``reports.summary.summarise``) against its truth."""
-    import optuna
-
     from nas.stats.comparisons import paired_gain, pooled_paired_sd
-    from reports.frame import study_data
     from reports.summary import summarise
 
-    data = study_data("simulated", [optuna.study.StudyDirection.MINIMIZE], trials,
-                      {"nas:baseline_key": truth.baseline, "nas:identity": {"train": {"seed": base_seed}}})
+    data = simulated_data(trials, truth.baseline, base_seed)
     summary = summarise(data)
     pick = summary.best
     true_gain = 100 * (truth.means[truth.baseline] - truth.means[pick]) / truth.means[truth.baseline]

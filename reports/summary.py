@@ -247,6 +247,16 @@ class Summary:
     limit: Resolution | None = None  # the allocation limit: an oracle's even split of the same replicate trials
     rows: list[dict[str, Any]] = field(default_factory=list)  # best and baseline side by side
 
+    @property
+    def beats_baseline(self) -> bool:
+        """Whether the answer says the best shape beats the baseline (``above_zero`` of its gain)."""
+        return above_zero(self.gain)
+
+
+def above_zero(gain: PairedGain | None) -> bool:
+    """Whether a gain's interval lies above zero: the answer's "beats the baseline"."""
+    return gain is not None and gain.low_pct is not None and gain.low_pct > 0
+
 
 def _side(data: StudyData, key: str, what: str, gain: PairedGain | None) -> dict[str, Any]:
     row = data.board[data.board["key"] == key].iloc[0]
@@ -288,7 +298,7 @@ def summarise(data: StudyData) -> Summary:
     above = _ranked_above(data, best)
     res = study_resolution(data, best)
     limit = study_limit(data, res)
-    if gain is not None and gain.low_pct is not None and gain.low_pct > 0:
+    if above_zero(gain):
         seeds = f"{gain.n} seeds" if gain.posterior else f"{gain.n} paired seeds"
         sentence = (f"{shape_label(data, best)} beats the baseline by {gain.gain_pct:.2f} % "
                     f"({gain.interval_name} [{gain.low_pct:.2f}, {gain.high_pct:.2f}], {seeds}"
