@@ -172,3 +172,35 @@ def test_marking_a_trial_interrupted_waits_out_a_busy_database_and_still_requeue
                         lambda *a, **k: (_ for _ in ()).throw(optuna.exceptions.StorageInternalError("disk full")))
     with pytest.raises(optuna.exceptions.StorageInternalError, match="disk full"):
         mark_interrupted(study, other)
+
+
+def test_marking_a_trial_interrupted_after_a_signal_cut_a_query_short_on_its_connection(tmp_path):
+    """The CI failure: Ctrl-C landed inside a storage read, whose SELECT stayed pending on the pooled connection after
+    the session's rollback. A pending statement keeps its WAL snapshot, so once another worker commits, every
+    ``BEGIN IMMEDIATE`` on that connection answers "database is locked" at once (no busy wait helps); marking the
+    trial must take a fresh connection, not retry on the stale one."""
+    import sqlite3
+
+    from nas.study.recovery import mark_interrupted
+    from nas.study.storage import make_storage
+
+    url = sqlite_url(tmp_path / "nas.db")
+    storage = make_storage(url)
+    study = optuna.create_study(storage=storage, study_name="s")
+    trial = study.ask()
+    trial.set_user_attr("key", "shape-a")
+    backend = storage._backend if hasattr(storage, "_backend") else storage
+    session = backend.scoped_session()
+    dbapi = session.connection().connection.dbapi_connection  # the session's transaction began (BEGIN IMMEDIATE)
+    cut_short = dbapi.cursor()
+    cut_short.execute("SELECT trial_id FROM trials")  # the signal landed before its row was read: the statement
+    # stays pending (SQLAlchemy's row processing was cut short in the CI failure)
+    session.close()  # what Optuna's session context does on the way out: the transaction is rolled back
+    other_worker = optuna.load_study(study_name="s", storage=make_storage(url))
+    other_worker.ask()  # another worker commits after the cut-short snapshot
+    mark_interrupted(study, trial)
+    trials = study.get_trials(deepcopy=False)
+    assert trials[0].state == TrialState.FAIL and trials[0].user_attrs["status"] == "interrupted"
+    assert [t.user_attrs.get("key") for t in trials if t.state == TrialState.WAITING] == ["shape-a"]
+    with pytest.raises(sqlite3.ProgrammingError, match="closed"):  # the stale connection was closed, not reused
+        dbapi.execute("SELECT 1")

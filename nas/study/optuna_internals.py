@@ -9,9 +9,12 @@ version these were written against, 5.x, which CI installs):
 - ``write_user_attrs``: one multi-row upsert into Optuna's own ``trial_user_attributes``
   table. ``Trial.set_user_attr`` commits one attribute per transaction (~38 commits for a
   trained trial: ~0.2 s on SQLite, 2 % of a default CPU trial; ``benchmarks`` figure 5).
-- ``drop_session``: ``Study._storage``'s thread-local SQLAlchemy session, closed so that a transaction a
-  signal cut short (``KeyboardInterrupt`` inside a storage call) cannot hold SQLite's write lock while the
-  worker marks its trial interrupted. No public API reaches the session.
+- ``drop_connections``: ``Study._storage``'s thread-local SQLAlchemy session closed and its engine's pooled
+  connections discarded, so that a storage call a signal cut short (``KeyboardInterrupt`` inside it) leaves
+  nothing behind while the worker marks its trial interrupted: neither an open transaction holding SQLite's
+  write lock nor a pending statement (a query executed, its rows never read) whose WAL snapshot outlives the
+  rollback, on which every later ``BEGIN IMMEDIATE`` answers "database is locked" at once once another worker
+  has committed. No public API reaches the session or the engine.
 - ``schema_revisions``: the table-schema revisions this Optuna knows (its alembic scripts, which
   ``RDBStorage`` reads through its private ``_VersionManager``): a storage made by another Optuna is
   refused before anything opens it for writing (switching a file to WAL already changes its header).
@@ -64,11 +67,14 @@ def _rdb(storage: optuna.storages.BaseStorage) -> optuna.storages.RDBStorage | N
     return backend if isinstance(backend, optuna.storages.RDBStorage) else None
 
 
-def drop_session(study: optuna.Study) -> None:
-    """Close the calling thread's storage session (rolling back whatever it left open); a no-op off an RDB."""
+def drop_connections(study: optuna.Study) -> None:
+    """Close the calling thread's storage session (rolling back whatever it left open) and close the engine's pooled
+    connections (finalizing any statement left pending on them; module docstring): the next storage call opens a
+    fresh connection. Connections other threads hold are left to them. A no-op off an RDB."""
     rdb = _rdb(study._storage)
     if rdb is not None:
         rdb.scoped_session.remove()
+        rdb.engine.dispose()
 
 
 def write_user_attrs(storage: optuna.storages.BaseStorage, trial_id: int, attrs: dict[str, Any]) -> bool:

@@ -15,7 +15,7 @@ import optuna
 import sqlalchemy
 from optuna.trial import FrozenTrial, TrialState
 
-from nas.study.optuna_internals import drop_session, unbeaten_trial_ids
+from nas.study.optuna_internals import drop_connections, unbeaten_trial_ids
 
 ABANDONED_AFTER_S = 120.0  # a RUNNING trial this old that never beat was abandoned (worker died right after ask)
 
@@ -58,7 +58,8 @@ def mark_interrupted(study: optuna.Study, trial: optuna.Trial,
     """Fail the trial as interrupted and re-queue its shape and seed (a trial told just before Ctrl-C stays as told).
 
     Each step is retried while SQLite answers "database is locked" (``BUSY_ATTEMPTS``): a signal that cut a storage
-    call short can leave that call's transaction open, so the session is dropped before each try."""
+    call short can leave that call's transaction open, or a statement pending on its pooled connection, so the
+    session and the pooled connections are dropped before each try (``nas.study.optuna_internals.drop_connections``)."""
 
     def fail() -> None:
         trial.set_user_attr("status", "interrupted")
@@ -79,7 +80,7 @@ BUSY_ATTEMPTS = 5
 def _while_busy(study: optuna.Study, step: Callable[[], None]) -> None:
     """``step()``, tried again up to ``BUSY_ATTEMPTS`` times while the storage reports SQLite's busy lock."""
     for attempt in range(1, BUSY_ATTEMPTS + 1):
-        drop_session(study)
+        drop_connections(study)
         try:
             step()
             return
