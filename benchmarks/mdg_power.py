@@ -6,11 +6,14 @@ formula holds ``lambda = s2 / tau^2`` at the study's REML estimate; the answer r
 better would have moved it. This script measures the power the study's own test has, by simulation on the study's
 own design (a parametric bootstrap at its fitted variance components)::
 
-    L_s,i = m_s + u_i + e_s,i,   m_s ~ N(0, tau^2) (the baseline 0, the leader -delta),
+    L_s,i = m_s + u_i + e_s,i,   m_s ~ N(d, tau^2) (the baseline 0, the leader -delta),
                                  u_i ~ N(0, sd(u_hat)^2),  e ~ N(0, s2)
 
-on exactly the (shape, seed) pairs the study trained, with ``tau``, ``s2`` and the seed effects' sd from its plug-in
-REML fit (``nas.stats.shrinkage.fit(plug_in=True)``). Each simulated study is judged by the answer's own test (the
+on exactly the (shape, seed) pairs the study trained, with ``tau``, ``s2``, the seed effects' sd and the pack's
+centre ``d`` against the baseline (``-m_base``, the baseline a fixed effect) from its plug-in REML fit
+(``nas.stats.shrinkage.fit(plug_in=True)``): the other shapes stand where the study found them, so the shrinkage's
+pull of the leader towards them, which the stated gain counts (``nas.stats.resolution.GainDesign.lean``), is drawn
+too. Each simulated study is judged by the answer's own test (the
 refitted model's robust credible interval, ``nas.stats.board.rank_shapes``): the leader is called better when
 its interval's upper end of ``m_leader - m_base`` lies below zero. With common random numbers the call is monotone
 in ``delta``, so each draw has a *detection threshold* ``delta_i`` (the least gain it detects, by bisection), and::
@@ -72,6 +75,7 @@ class PowerCheck:
     thresholds_quartiles: tuple[float, float, float]  # nats
     limit_pct: float  # the allocation limit (nas.stats.resolution.allocation_limit)
     split_pct: float  # the answer's own test on the limit's split (split_resolution)
+    pack: float = math.nan  # nats: the pack's centre behind the baseline, where the draws put the other shapes
 
 
 def shifted(scores: dict[str, ShapeScores], key: str, shift: float) -> dict[str, ShapeScores]:
@@ -106,14 +110,14 @@ def threshold(scores: dict[str, ShapeScores], leader: str, baseline: str, tolera
 
 
 def simulated_study(scores: dict[str, ShapeScores], baseline: str, leader: str, tau: float, sigma: float,
-                    seed_sd: float, rng: np.random.Generator) -> dict[str, ShapeScores]:
+                    seed_sd: float, rng: np.random.Generator, pack: float = 0.0) -> dict[str, ShapeScores]:
     """One draw of the module docstring's model on the study's own (shape, seed) pairs, the leader level with the
-    baseline (its gain is added by ``threshold``)."""
+    baseline (its gain is added by ``threshold``), every other shape drawn around ``pack`` nats behind it."""
     seeds = sorted({s for shape in scores.values() for s in shape.seeds})
     effect = dict(zip(seeds, rng.normal(0.0, seed_sd, len(seeds))))
     out = {}
     for key, shape in scores.items():
-        level = 0.0 if key in (baseline, leader) else float(rng.normal(0.0, tau))
+        level = 0.0 if key in (baseline, leader) else pack + float(rng.normal(0.0, tau))
         noise = rng.normal(0.0, sigma, len(shape.seeds))
         out[key] = ShapeScores(key, shape.trials, shape.seeds,
                                tuple(3.0 + level + effect[s] + float(e) for s, e in zip(shape.seeds, noise)))
@@ -170,9 +174,10 @@ def check(data, draws: int = 200, seed: int = 0) -> PowerCheck:
     sigma = math.sqrt(component.s2)
     tau = math.sqrt(component.s2 / math.exp(component.log_lam))
     seed_sd = float(np.std(component.sol.u))
+    pack = -float(component.sol.m[model.keys.index(baseline)])  # d: the pack's centre behind the fixed baseline
     rng = np.random.default_rng(seed)
-    found = [threshold(simulated_study(data.scores, baseline, leader, tau, sigma, seed_sd, rng), leader, baseline)
-             for _ in range(draws)]
+    found = [threshold(simulated_study(data.scores, baseline, leader, tau, sigma, seed_sd, rng, pack), leader,
+                       baseline) for _ in range(draws)]
     base_loss = data.scores[baseline].mean
     simulated = float(np.quantile(found, POWER))
     quartiles = tuple(float(q) for q in np.quantile(found, [0.25, 0.5, 0.75]))
@@ -183,7 +188,8 @@ def check(data, draws: int = 200, seed: int = 0) -> PowerCheck:
     return PowerCheck(data.name, leader, data.scores[leader].n, data.scores[baseline].n, tau, sigma, seed_sd, draws,
                       res.gain, res.gain_pct, float(np.mean([t <= res.gain for t in found])), simulated,
                       100 * simulated / base_loss, quartiles,  # type: ignore[arg-type]
-                      limit.gain_pct if limit is not None else math.nan, split.gain_pct if split else math.nan)
+                      limit.gain_pct if limit is not None else math.nan, split.gain_pct if split else math.nan,
+                      pack)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -219,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
           f"nats; leader on {result.leader_seeds} seeds, baseline on {result.baseline_seeds}); simulated power "
           f"there {result.power_at_stated:.2f} (stated {POWER:.2f}); the simulated {100 * POWER:.0f} % point "
           f"{result.simulated_pct:.2f} % ({result.simulated_gain:.3f} nats); {result.draws} draws at tau "
-          f"{result.tau:.4f}, sigma {result.sigma:.4f}, seed sd {result.seed_sd:.4f}; the allocation limit "
+          f"{result.tau:.4f}, sigma {result.sigma:.4f}, seed sd {result.seed_sd:.4f}, the other shapes around "
+          f"{result.pack:+.4f} nats from the baseline; the allocation limit "
           f"{result.limit_pct:.2f} %, its split read by the answer's own test {result.split_pct:.2f} % "
           f"({result.split_pct / result.limit_pct:.2f}x); {seconds:.0f} s")
     if args.out:

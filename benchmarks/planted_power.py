@@ -11,7 +11,11 @@ real summary (``reports.summary.summarise``) answers it. Per planted gain, over 
 - P(the answer says a shape beats the baseline), and that it is the planted one (its interval above zero);
 - P(the pick is the planted shape), and the planted shape's median seeds (1: the search never replicated it);
 - P(the planted shape is declared | it is the pick): the leader's comparison's own power;
-- the median minimum detectable gain the answers stated.
+- the median minimum detectable gain the answers stated;
+- where the pick is the planted shape (the sentence's leader), the power its answer states for the planted gain
+  (``nas.stats.resolution.posterior_power`` on the answer's own design, ``reports.summary.leader_design``), averaged
+  over those studies, beside the share declared: the stated power checked where it is a statement about the
+  planted shape (equal when honest; the conditioning on the pick raises both).
 
 Study ``i`` uses the seed ``seed * 100_000 + i`` (``ranking_simulation``'s convention), so the rows for different
 gains share their truths but for the planted shape.
@@ -57,7 +61,9 @@ def planted(truth: Truth, rng: random.Random, gain_pct: float) -> tuple[Truth, s
 
 def study(args: tuple[str, float, int, float, float, float, int]) -> dict[str, float]:
     """One study with a shape planted ``gain_pct`` % better, answered by the real summary after its budget."""
-    from reports.summary import summarise
+    from nas.stats.comparisons import ALPHA
+    from nas.stats.resolution import posterior_power
+    from reports.summary import leader_design, summarise
 
     policy, gain_pct, seed, paired_sd, spread, baseline_z, replicate_trials = args
     search = cpu_search(policy, FIRST_PASS + replicate_trials)
@@ -68,15 +74,20 @@ def study(args: tuple[str, float, int, float, float, float, int]) -> dict[str, f
     data = simulated_data(trials, truth.baseline, search.train.seed)
     summary = summarise(data)
     declared = summary.beats_baseline
+    design = leader_design(data, key) if summary.best == key else None
+    gain = truth.means[truth.baseline] - truth.means[key]  # nats
+    stated_power = posterior_power(design, gain, ALPHA) if design is not None else math.nan
     return {"declared": float(declared), "planted_declared": float(declared and summary.best == key),
             "pick_is_planted": float(summary.best == key), "planted_seeds": float(data.scores[key].n),
-            "mdg_pct": summary.resolution.gain_pct if summary.resolution is not None else math.nan}
+            "mdg_pct": summary.resolution.gain_pct if summary.resolution is not None else math.nan,
+            "stated_power": stated_power}
 
 
 def row(gain_pct: float, outcomes: list[dict[str, float]]) -> dict[str, object]:
     """The summary of one planted gain's studies (module docstring)."""
     picked = [o for o in outcomes if o["pick_is_planted"]]
     stated = [o["mdg_pct"] for o in outcomes if math.isfinite(o["mdg_pct"])]
+    stated_power = [o["stated_power"] for o in picked if math.isfinite(o["stated_power"])]
     return {"planted gain %": gain_pct, "studies": len(outcomes),
             "P(answer: a shape beats the baseline)": statistics.fmean(o["declared"] for o in outcomes),
             "P(answer: the planted one beats it)": statistics.fmean(o["planted_declared"] for o in outcomes),
@@ -84,7 +95,9 @@ def row(gain_pct: float, outcomes: list[dict[str, float]]) -> dict[str, object]:
             "P(planted declared | pick = planted)":
                 statistics.fmean(o["planted_declared"] for o in picked) if picked else None,
             "median seeds of the planted shape": statistics.median(o["planted_seeds"] for o in outcomes),
-            "median stated MDG %": statistics.median(stated) if stated else None}
+            "median stated MDG %": statistics.median(stated) if stated else None,
+            "stated power at the planted gain | pick = planted":
+                statistics.fmean(stated_power) if stated_power else None}
 
 
 def measure(gains: tuple[float, ...], studies: int, processes: int, seed: int, policy: str = "adaptive",

@@ -44,7 +44,14 @@ from nas.arch import ArchConfig
 from nas.stats.adaptive import ADAPTIVE_ROLES, MIN_TAU_RATIO, AdaptiveState, adaptive_state
 from nas.stats.comparisons import ALPHA, PairedGain, paired_gain, pooled_paired_sd, tied_set
 from nas.stats.race import RACE_ROLES, RaceState, race_state
-from nas.stats.resolution import Resolution, allocation_limit, gain_design, posterior_resolution, resolution
+from nas.stats.resolution import (
+    GainDesign,
+    Resolution,
+    allocation_limit,
+    gain_design,
+    posterior_resolution,
+    resolution,
+)
 from nas.stats.shrinkage import Z
 from nas.study.records import counts
 from reports.frame import StudyData, outcome_counts
@@ -156,6 +163,16 @@ def sentence_leader(data: StudyData, best: str | None) -> str | None:
     return next((key for key in data.board["key"] if key != data.baseline_key), None)
 
 
+def leader_design(data: StudyData, leader: str) -> GainDesign | None:
+    """How the answer's test (the shrunk gain's robust credible interval, after adaptive replicates) estimates
+    ``leader``'s gain (``nas.stats.resolution.GainDesign``, its widening the leader's); None while nothing is shrunk."""
+    design = gain_design(data.scores, leader, data.baseline_key, data.model(plug_in=True))  # type: ignore[arg-type]
+    shrunk = data.gains().get(leader)
+    if design is not None and shrunk is not None:  # the answer's interval is the robust one: its decisive end
+        design = replace(design, widening=shrunk.widening)
+    return design
+
+
 def study_resolution(data: StudyData, best: str | None) -> Resolution | None:
     """The study's minimum detectable gain (``nas.stats.resolution``) for its leader (``sentence_leader``); None while
     it cannot be estimated."""
@@ -165,12 +182,8 @@ def study_resolution(data: StudyData, best: str | None) -> Resolution | None:
     if leader is None:
         return None
     if allocated_adaptively(data):  # the test is the shrunk gain's credible interval
-        design = gain_design(data.scores, leader, data.baseline_key, data.model(plug_in=True))  # type: ignore[arg-type]
-        shrunk = data.gains().get(leader)
-        if design is not None and shrunk is not None:  # the answer's interval is the robust one: its decisive end
-            design = replace(design, widening=shrunk.widening)
-        return posterior_resolution(design, data.scores[leader].n, data.scores[data.baseline_key].n, ALPHA,
-                                    data.scores[data.baseline_key].mean)
+        return posterior_resolution(leader_design(data, leader), data.scores[leader].n,
+                                    data.scores[data.baseline_key].n, ALPHA, data.scores[data.baseline_key].mean)
     gain = honest_gain(data, leader)
     sd, df = pooled_paired_sd(data.scores, data.baseline_key)
     return resolution(sd, df, gain.n if gain else 0, interval_alpha(data, leader),

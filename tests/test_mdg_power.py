@@ -91,3 +91,19 @@ def test_the_split_reads_the_design_not_the_losses_and_meets_the_paired_limit_wh
     assert gains == sorted(gains, reverse=True)
     limit = allocation_limit(math.sqrt(2) * sigma, 400, ALPHA, scores["base"].mean)
     assert gains[-1] / limit.gain == pytest.approx(1.0, abs=0.06)  # g = 201 / (201 + 7.1) = 0.97 at 400 trials
+
+
+def test_the_draws_put_the_other_shapes_where_the_study_found_them():
+    """The pack's centre behind the baseline (``-m_base`` of the plug-in fit) is where the draws put every shape but
+    the leader and the baseline, so the shrinkage's pull of the leader towards the pack is drawn too."""
+    data = adaptive_study()
+    result = check(data, draws=10, seed=1)
+    model = data.model(plug_in=True)
+    component = max(model.components, key=lambda c: c.weight)
+    assert result.pack == pytest.approx(-component.sol.m[model.keys.index(data.baseline_key)])
+    rng = np.random.default_rng(4)
+    draw = simulated_study(data.scores, data.baseline_key, result.leader, 1e-9, 1e-9, 1e-9, rng, pack=0.25)
+    base = draw[data.baseline_key].mean
+    assert draw[result.leader].mean == pytest.approx(base, abs=1e-6)
+    assert all(shape.mean - base == pytest.approx(0.25, abs=1e-6) for key, shape in draw.items()
+               if key not in (data.baseline_key, result.leader))

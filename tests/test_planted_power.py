@@ -37,6 +37,7 @@ def test_a_shape_planted_far_better_is_found_and_declared():
     summary = row(30.0, outcomes)
     assert summary["P(answer: the planted one beats it)"] == 1.0
     assert summary["P(planted declared | pick = planted)"] == 1.0 and summary["studies"] == 2
+    assert summary["stated power at the planted gain | pick = planted"] > 0.99  # the answer says it could not miss
 
 
 @pytest.mark.parametrize("flags, message", [(["--gains", "5,x"], "is not a list of numbers"),

@@ -13,7 +13,14 @@ from scipy import stats
 
 from nas.arch import uniform
 from nas.stats.mixed_model import design_sums, solve
-from nas.stats.resolution import detectable_gain, gain_design, posterior_resolution, power, seeds_needed
+from nas.stats.resolution import (
+    detectable_gain,
+    gain_design,
+    posterior_power,
+    posterior_resolution,
+    power,
+    seeds_needed,
+)
 from nas.stats.scores import ShapeScores
 from nas.stats.shrinkage import credible_quantile
 from nas.study.records import shape_attrs
@@ -102,6 +109,7 @@ def test_a_shrunk_gains_credible_interval_detects_its_minimum_detectable_gain_80
     assert design is not None and 0 < design.g < 1 and 0 < design.c2 < design.q  # shrinkage keeps part of a gain
     res = posterior_resolution(design, 12, 2, 0.05, 3.0)
     assert res is not None and res.baseline_n == 2 and "credible interval" in res.text()
+    assert posterior_power(design, res.gain, 0.05) == pytest.approx(0.8)  # the power the MDG is the 80 % point of
     quantile = credible_quantile(design.df)  # the interval's own: Student t at the residual df
     half = quantile * math.sqrt(design.s2 * design.q)
     lead, base = keys.index("lead"), keys.index("base")
@@ -122,10 +130,14 @@ def test_a_shrunk_gains_credible_interval_detects_its_minimum_detectable_gain_80
     wider = posterior_resolution(replace(design, widening=1.3), 12, 2, 0.05, 3.0)
     assert wider is not None and wider.gain > res.gain
     assert detected(wider.gain, 10_000, 1.3) == pytest.approx(0.8, abs=0.015)  # 10k draws: se 0.004
+    assert posterior_power(replace(design, widening=1.3), wider.gain, 0.05) == pytest.approx(0.8)
+    half_way = res.gain / 2
+    assert detected(half_way, 10_000) == pytest.approx(posterior_power(design, half_way, 0.05), abs=0.015)
     # no gain: the credible interval is wider than its estimate's own spread (c2 < q), so it claims a gain less
     # often than a t test's alpha / 2, exactly Phi(-z sqrt(q / c2))
     no_gain = float(stats.norm.sf(quantile * math.sqrt(design.q / design.c2)))
     assert detected(0.0) == pytest.approx(no_gain, abs=0.002) and no_gain < 0.025
+    assert posterior_power(design, 0.0, 0.05) == pytest.approx(no_gain)
 
 
 def test_the_allocation_limit_is_an_even_split_of_the_replicates_on_common_seeds():

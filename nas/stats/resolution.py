@@ -40,7 +40,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import nctdtr, ndtri, stdtrit  # scipy.stats' t, noncentral t and normal, without its import
+from scipy.special import nctdtr, ndtr, ndtri, stdtrit  # scipy.stats' t, noncentral t and normal, without its import
 
 from nas.stats.scores import ShapeScores
 from nas.stats.shrinkage import Fit, credible_quantile, fit
@@ -199,6 +199,21 @@ def posterior_resolution(design: GainDesign | None, n: int, baseline_n: int, alp
     sd = math.sqrt(2 * design.s2)
     return Resolution(n, sd, 0, alpha, baseline_loss, float(gain),
                       {share: seeds_needed(share * baseline_loss, sd, alpha) for share in TARGET_SHARES}, baseline_n)
+
+
+def posterior_power(design: GainDesign, delta: float, alpha: float) -> float:
+    """The probability that the shrunk gain's credible interval (``design``'s, at ``alpha``) calls a shape truly
+    ``delta`` nats better than the baseline better (module docstring)::
+
+        power(delta) = Phi((g delta - z rho sqrt(s2 q)) / sqrt(s2 c2))
+
+    ``posterior_resolution``'s gain is where it reaches ``POWER``."""
+    z = credible_quantile(design.df, alpha)
+    spread = math.sqrt(design.s2 * design.c2)
+    margin = design.g * delta - z * design.widening * math.sqrt(design.s2 * design.q)
+    if spread <= 0:
+        return float(margin > 0)
+    return float(ndtr(margin / spread))
 
 
 def allocation_limit(sd: float | None, replicate_trials: int, alpha: float, baseline_loss: float) -> Resolution | None:
