@@ -204,3 +204,43 @@ def test_marking_a_trial_interrupted_after_a_signal_cut_a_query_short_on_its_con
     assert [t.user_attrs.get("key") for t in trials if t.state == TrialState.WAITING] == ["shape-a"]
     with pytest.raises(sqlite3.ProgrammingError, match="closed"):  # the stale connection was closed, not reused
         dbapi.execute("SELECT 1")
+
+
+def test_a_stopping_worker_whose_storage_refuses_the_mark_says_so_in_one_line_and_the_trial_is_retried_later(
+        tmp_path, monkeypatch, capsys):
+    """``mark_stopped``: the stop is not replaced by a traceback when the storage cannot take the mark; the trial,
+    left RUNNING with its heartbeat stopped, is failed as stale and re-queued by the next run (``fail_stale``)."""
+    import time
+
+    import sqlalchemy
+
+    from nas.study.recovery import fail_stale, mark_stopped
+    from nas.study.storage import make_storage
+
+    storage = make_storage(sqlite_url(tmp_path / "nas.db"), heartbeat_interval=1, grace_period=1)
+    study = optuna.create_study(storage=storage, study_name="s")
+    trial = study.ask()
+    trial.set_user_attr("key", "shape-a")
+    storage.record_heartbeat(trial._trial_id)
+    real = storage.set_trial_user_attr
+
+    def refused(*args, **kwargs):
+        raise optuna.exceptions.StorageInternalError("commit failed") from sqlalchemy.exc.OperationalError(
+            "UPDATE", {}, Exception("disk I/O error"))
+
+    monkeypatch.setattr(storage, "set_trial_user_attr", refused)
+    mark_stopped(study, trial)  # no exception: the stop goes on
+    warning = capsys.readouterr().err.strip()
+    assert warning.count("\n") == 0 and f"could not mark trial {trial.number} interrupted" in warning
+    assert "disk I/O error" in warning and "re-queues it" in warning
+    monkeypatch.setattr(storage, "set_trial_user_attr", real)
+    assert study.get_trials(deepcopy=False)[0].state == TrialState.RUNNING
+    time.sleep(2.5)  # past the grace period: the next run's stale check
+    fail_stale(study)
+    trials = study.get_trials(deepcopy=False)
+    assert trials[0].state == TrialState.FAIL
+    assert [t.user_attrs.get("key") for t in trials if t.state == TrialState.WAITING] == ["shape-a"]
+
+    monkeypatch.setattr(storage, "set_trial_user_attr", lambda *a, **k: (_ for _ in ()).throw(ValueError("a bug")))
+    with pytest.raises(ValueError, match="a bug"):  # not a storage failure: raised, not hidden
+        mark_stopped(study, study.ask())

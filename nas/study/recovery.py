@@ -15,7 +15,9 @@ import optuna
 import sqlalchemy
 from optuna.trial import FrozenTrial, TrialState
 
+from nas.study.heartbeat import warn_on_stderr
 from nas.study.optuna_internals import drop_connections, unbeaten_trial_ids
+from nas.study.storage_faults import storage_failure
 
 ABANDONED_AFTER_S = 120.0  # a RUNNING trial this old that never beat was abandoned (worker died right after ask)
 
@@ -72,6 +74,22 @@ def mark_interrupted(study: optuna.Study, trial: optuna.Trial,
         return
     if "key" in study.get_trials(deepcopy=False)[trial.number].user_attrs:  # its shape was recorded: retry it
         _while_busy(study, lambda: requeue(study, trial.number))
+
+
+def mark_stopped(study: optuna.Study, trial: optuna.Trial) -> None:
+    """``mark_interrupted`` for a worker that is stopping (Ctrl-C, SIGTERM): a storage that fails to take the mark
+    is said in one line, not raised over the stop. Nothing is lost: the trial stays RUNNING with its heartbeat
+    stopped, so the next run of the same command fails it as stale and re-queues its shape and seed
+    (``fail_stale``)."""
+    try:
+        mark_interrupted(study, trial)
+    except Exception as error:
+        failure = storage_failure(error)
+        if failure is None:
+            raise
+        first = (str(failure).strip().splitlines() or [type(failure).__name__])[0]
+        warn_on_stderr(f"could not mark trial {trial.number} interrupted ({first[:200]}); its heartbeat has "
+                       "stopped, so the next run of the same command fails it as stale and re-queues it")
 
 
 BUSY_ATTEMPTS = 5

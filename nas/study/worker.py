@@ -27,7 +27,7 @@ from nas.study.heartbeat import Heartbeat, TrialLost, warn_on_stderr
 from nas.study.optuna_internals import trial_id
 from nas.study.planning import plan_next
 from nas.study.records import counts, in_flight, scores_by_shape
-from nas.study.recovery import fail_abandoned, fail_stale, mark_interrupted, requeue
+from nas.study.recovery import fail_abandoned, fail_stale, mark_interrupted, mark_stopped, requeue
 from nas.study.session import Search
 from nas.study.signals import interrupts_deferred, raise_if_stopped
 from nas.study.storage_faults import storage_failure, wait_for_storage
@@ -146,7 +146,7 @@ def run_worker(search: Search, on_event: Callable[[TrialEvent], None] | None = N
             # anywhere from ``ask`` on (a trial told already is left as told): re-queued, a second signal held off
             if trial is not None:
                 with interrupts_deferred():
-                    mark_interrupted(study, trial)
+                    mark_stopped(study, trial)
             raise
         except Exception as error:
             failure = storage_failure(error)
