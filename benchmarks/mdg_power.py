@@ -12,11 +12,12 @@ own design (a parametric bootstrap at its fitted variance components)::
 on exactly the (shape, seed) pairs the study trained, with ``tau``, ``s2``, the seed effects' sd and the pack's
 centre ``d`` against the baseline (``-m_base``, the baseline a fixed effect) from its plug-in REML fit
 (``nas.stats.shrinkage.fit(plug_in=True)``): the other shapes stand where the study found them, so the shrinkage's
-pull of the leader towards them, which the stated gain counts (``nas.stats.resolution.GainDesign.lean``), is drawn
-too. Each simulated study is judged by the answer's own test (the
-refitted model's robust credible interval, ``nas.stats.board.rank_shapes``): the leader is called better when
-its interval's upper end of ``m_leader - m_base`` lies below zero. With common random numbers the call is monotone
-in ``delta``, so each draw has a *detection threshold* ``delta_i`` (the least gain it detects, by bisection), and::
+pull of the leader towards them is in the draws (the stated gain's formula, at a fixed ``lambda``, holds the other
+shapes at the baseline's level; ``benchmarks/RESULTS.md`` measures what that leaves out). Each simulated study is
+judged by the answer's own test (the refitted model's robust credible interval, ``nas.stats.board.rank_shapes``):
+the leader is called better when its interval's upper end of ``m_leader - m_base`` lies below zero. With common
+random numbers the call is monotone in ``delta``, so each draw has a *detection threshold* ``delta_i`` (the least
+gain it detects, by bisection), and::
 
     power(delta) = share of draws with delta_i <= delta,      simulated MDG = their 80th percentile
 

@@ -202,8 +202,8 @@ def posterior_resolution(design: GainDesign | None, n: int, baseline_n: int, alp
 
 
 def posterior_power(design: GainDesign, delta: float, alpha: float) -> float:
-    """The probability that the shrunk gain's credible interval (``design``'s, at ``alpha``) calls a shape truly
-    ``delta`` nats better than the baseline better (module docstring)::
+    """The probability that the shrunk gain's credible interval (``design``'s, at ``alpha``) lies wholly on the better
+    side of zero for a shape truly ``delta`` nats better than the baseline (module docstring)::
 
         power(delta) = Phi((g delta - z rho sqrt(s2 q)) / sqrt(s2 c2))
 
