@@ -167,6 +167,15 @@ class GainDesign:
     df: int = 0  # residual degrees of freedom of s2: the interval's quantile is Student t's (0: the normal one)
     widening: float = 1.0  # the answer's interval's deciding half-width over the normal prior's (ShrunkGain)
 
+    def decisive_half_width(self, alpha: float) -> float:
+        """``z_{1-alpha/2} rho sqrt(s2 q)``: how far the interval's deciding end lies from the estimate (nats)."""
+        return credible_quantile(self.df, alpha) * self.widening * math.sqrt(self.s2 * self.q)
+
+    @property
+    def estimate_sd(self) -> float:
+        """``sqrt(s2 c2)``: the estimate's own sd over the runs' noise (nats)."""
+        return math.sqrt(self.s2 * self.c2)
+
 
 def gain_design(scores: dict[str, ShapeScores], key: str, baseline_key: str,
                 model: Fit | None = None) -> GainDesign | None:
@@ -193,9 +202,8 @@ def posterior_resolution(design: GainDesign | None, n: int, baseline_n: int, alp
     sd ``sqrt(2 s2)``. None without a design or when the shrinkage keeps nothing of a gain."""
     if design is None or design.g <= 0 or baseline_loss <= 0:
         return None
-    z = credible_quantile(design.df, alpha)  # the interval's own quantile (nas.stats.shrinkage.Fit.quantile)
-    gain = (z * design.widening * math.sqrt(design.s2 * design.q)
-            + ndtri(POWER) * math.sqrt(design.s2 * design.c2)) / design.g
+    # the interval's own quantile (nas.stats.shrinkage.Fit.quantile) in its decisive half-width
+    gain = (design.decisive_half_width(alpha) + ndtri(POWER) * design.estimate_sd) / design.g
     sd = math.sqrt(2 * design.s2)
     return Resolution(n, sd, 0, alpha, baseline_loss, float(gain),
                       {share: seeds_needed(share * baseline_loss, sd, alpha) for share in TARGET_SHARES}, baseline_n)
@@ -208,12 +216,10 @@ def posterior_power(design: GainDesign, delta: float, alpha: float) -> float:
         power(delta) = Phi((g delta - z rho sqrt(s2 q)) / sqrt(s2 c2))
 
     ``posterior_resolution``'s gain is where it reaches ``POWER``."""
-    z = credible_quantile(design.df, alpha)
-    spread = math.sqrt(design.s2 * design.c2)
-    margin = design.g * delta - z * design.widening * math.sqrt(design.s2 * design.q)
-    if spread <= 0:
+    margin = design.g * delta - design.decisive_half_width(alpha)
+    if design.estimate_sd <= 0:
         return float(margin > 0)
-    return float(ndtr(margin / spread))
+    return float(ndtr(margin / design.estimate_sd))
 
 
 def allocation_limit(sd: float | None, replicate_trials: int, alpha: float, baseline_loss: float) -> Resolution | None:

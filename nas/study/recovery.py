@@ -17,7 +17,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from nas.study.heartbeat import warn_on_stderr
 from nas.study.optuna_internals import drop_connections, unbeaten_trial_ids
-from nas.study.storage_faults import storage_failure
+from nas.study.storage_faults import first_line, storage_failure
 
 ABANDONED_AFTER_S = 120.0  # a RUNNING trial this old that never beat was abandoned (worker died right after ask)
 
@@ -87,8 +87,7 @@ def mark_stopped(study: optuna.Study, trial: optuna.Trial) -> None:
         failure = storage_failure(error)
         if failure is None:
             raise
-        first = (str(failure).strip().splitlines() or [type(failure).__name__])[0]
-        warn_on_stderr(f"could not mark trial {trial.number} interrupted ({first[:200]}); its heartbeat has "
+        warn_on_stderr(f"could not mark trial {trial.number} interrupted ({first_line(failure)}); its heartbeat has "
                        "stopped, so the next run of the same command fails it as stale and re-queues it")
 
 
