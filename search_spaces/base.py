@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from nas.arch import ArchConfig
@@ -11,6 +12,30 @@ from nas.errors import UsageError
 
 if TYPE_CHECKING:  # optuna is only needed for the trial's type
     from optuna.trial import BaseTrial
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A design rule: one named covariate of a shape, read across all of a study's runs by the rule model
+    (``nas.stats.rules``: loss = x'beta + a deviation per shape + seed effects + noise), so that a study too noisy to
+    rank single shapes can still say what a *kind* of change does (Radosavovic et al., "On network design spaces
+    for visual recognition", ICCV 2019, read such rules from populations of models by hand).
+
+    ``covariate(shape, baseline)`` is the shape's value (the model has its own intercept: any origin will do);
+    ``change`` and ``per_change`` are how an answer says it: the effect of ``per_change`` units, e.g.
+    ``"halving the first layer's heads"`` and ``-1`` for a log2 covariate."""
+
+    name: str
+    unit: str  # one unit of the covariate, as a table heads its column: "layer", "doubling of h_1"
+    meaning: str  # one sentence: what the covariate measures
+    change: str  # the change the answer's sentence states: "halving the first layer's heads"
+    per_change: float  # that change in units of the covariate
+    covariate: Callable[[ArchConfig, ArchConfig], float]  # (shape, baseline) -> value
+    default: bool = True  # in the space's default catalog; False: offered with --rules only
+    square_of: str | None = None  # this rule is that rule's covariate squared: the pair is a U with an optimum
+
+    def value(self, shape: ArchConfig, baseline: ArchConfig) -> float:
+        return float(self.covariate(shape, baseline))
 
 
 class SearchSpace(ABC):
@@ -67,6 +92,7 @@ class SearchSpace(ABC):
         """One flat description of a member for tables, JSON/CSV listings and reports."""
 
     table_columns: tuple[str, ...] = ()  # the subset of ``row`` keys that ``nas space list`` shows as a table
+    rules: tuple[Rule, ...] = ()  # the design rules a study of this space is read by (``Rule``), opt-in ones too
 
     def _require_member(self, arch: ArchConfig) -> None:
         reasons = self.validate(arch)

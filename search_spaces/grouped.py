@@ -25,7 +25,7 @@ from search_spaces.base import SearchSpace
 from search_spaces.budget import rebalance_ffn
 from search_spaces.hourglass import HourglassSpace
 from search_spaces.joint import JointSpace
-from search_spaces.kv import KVRule, count_over_prism
+from search_spaces.kv import GQA_RULES, KVRule, count_over_prism
 from search_spaces.prism import PrismSpace
 
 if TYPE_CHECKING:
@@ -51,6 +51,7 @@ class UniformGroupPrismSpace(SearchSpace):
 
     def __init__(self, prism: PrismSpace, rule: KVRule) -> None:
         self.prism, self.rule = prism, rule
+        self.rules = prism.rules + GQA_RULES
         self.inner_space = prism
         base = prism.baseline()
         self.budget = base.n_params()["total"]
@@ -117,6 +118,7 @@ class KVScheduleSpace(SearchSpace):
         self.inner, self.rule, self.hidden_multiple = inner, rule, hidden_multiple
         self.inner_space = inner
         self.name = inner.name
+        self.rules = inner.rules + GQA_RULES
         self.hourglass = inner.hourglass if isinstance(inner, JointSpace) else inner \
             if isinstance(inner, HourglassSpace) else None
         self.budget = self.hourglass.budget if self.hourglass is not None else inner.baseline().n_params()["total"]

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 from nas.arch import ArchConfig
 from nas.errors import UsageError
 from search_spaces.base import SearchSpace
-from search_spaces.hourglass import HourglassSpace
-from search_spaces.prism import PrismSpace
+from search_spaces.hourglass import HOURGLASS_RULES, HourglassSpace
+from search_spaces.prism import PRISM_RULES, PrismSpace
 
 if TYPE_CHECKING:
     from optuna.trial import BaseTrial
@@ -35,6 +35,7 @@ class JointSpace(SearchSpace):
     """Hourglass shape x Prism schedule, the uniform-head conventional baseline first."""
 
     name = "joint"
+    rules = PRISM_RULES + HOURGLASS_RULES
     table_columns = ("kind", "k", "layers", "d_model", "d_h", "params", "budget_deviation", "plateaus")
 
     def __init__(

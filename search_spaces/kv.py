@@ -35,14 +35,26 @@ from typing import TYPE_CHECKING, Any
 
 from nas.arch import MAX_LAYERS, divisors_up_to, format_plateaus, plateaus
 from nas.errors import UsageError
-from search_spaces.base import check_positive
+from search_spaces.base import Rule, check_positive
 
 if TYPE_CHECKING:
+    from nas.arch import ArchConfig
     from search_spaces.prism import PrismSpace
 
 State = tuple[int, int, bool]  # (group size, layers of its plateau so far capped at max_plateau + 1, a plateau ended)
 START: State = (0, 0, False)
 DRAWS_PER_MEMBER = 8  # as search_spaces.prism: each schedule's share of the kv_draw range spans at least 8 integers
+
+
+def log2_kv_group(shape: ArchConfig, baseline: ArchConfig) -> float:
+    """The mean over layers of ``log2 g_l``, ``g_l = h_l / kv_l`` query heads per key/value head (0: multi-head)."""
+    return sum(math.log2(g) for g in shape.kv_groups()) / shape.n_layers
+
+
+GQA_RULES = (
+    Rule("log2_kv_group", "doubling of the group size", "the mean over layers of log2 of query heads per key/value "
+         "head", "each doubling of the query heads per key/value head", 1.0, log2_kv_group),
+)
 
 
 def parse_kv_schedule(text: str, layers: int) -> tuple[int, ...]:

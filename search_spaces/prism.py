@@ -47,7 +47,7 @@ from nas.arch import (
     plateaus,
 )
 from nas.errors import UsageError
-from search_spaces.base import SearchSpace, check_heads, check_positive
+from search_spaces.base import Rule, SearchSpace, check_heads, check_positive
 
 if TYPE_CHECKING:
     from optuna.trial import BaseTrial
@@ -73,6 +73,41 @@ DRAWS_PER_MEMBER = 8  # resolution of the plateau-count draw: each member's shar
 PARAMETRIZATION = 2  # 2: the plateau count is drawn in proportion to its members (1: uniformly, the baseline 1/4)
 
 
+# ----------------------------------------------------------------- design rules (search_spaces.base.Rule)
+# A schedule's reference count is its last layer's, h_L: the Prism rule makes it the baseline's h_base (in a joint
+# study, the uniform count of the shape's own width, which its staircase converges to).
+def reduced_layers(shape: ArchConfig, baseline: ArchConfig) -> float:
+    """Layers with fewer query heads than the baseline's count at that layer (``h_l < h_L``)."""
+    return float(sum(h < shape.heads[-1] for h in shape.heads))
+
+
+def log2_first_heads(shape: ArchConfig, baseline: ArchConfig) -> float:
+    """``log2(h_1 / h_L)``: 0 at the baseline, -2 for a schedule opening with a quarter of its heads."""
+    return math.log2(shape.heads[0] / shape.heads[-1])
+
+
+def prism_steps(shape: ArchConfig, baseline: ArchConfig) -> float:
+    """Plateaus below the baseline's count: the staircase's steps (0 at the baseline)."""
+    return float(len(plateaus(shape.heads)) - 1)
+
+
+def mean_log2_heads(shape: ArchConfig, baseline: ArchConfig) -> float:
+    """The mean over layers of ``log2(h_l / h_L)``: how far below the baseline's heads the whole schedule sits."""
+    return sum(math.log2(h / shape.heads[-1]) for h in shape.heads) / len(shape.heads)
+
+
+PRISM_RULES = (
+    Rule("reduced_layers", "layer", "layers with fewer query heads than the baseline's count at that layer",
+         "each layer with fewer heads than the baseline's", 1.0, reduced_layers),
+    Rule("log2_first_heads", "doubling of h_1", "log2 of the first layer's heads over the baseline's",
+         "halving the first layer's heads", -1.0, log2_first_heads),
+    Rule("prism_steps", "step", "plateaus below the baseline's head count (the staircase's steps)",
+         "each step of the staircase", 1.0, prism_steps, default=False),
+    Rule("mean_log2_heads", "doubling of every layer's heads", "the mean over layers of log2 of h_l over the "
+         "baseline's", "halving every layer's heads", -1.0, mean_log2_heads, default=False),
+)
+
+
 def _is_power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
@@ -82,6 +117,7 @@ class PrismSpace(SearchSpace):
 
     name = "prism"
     table_columns = ("plateaus", "head_dims")
+    rules = PRISM_RULES
 
     def __init__(
         self,

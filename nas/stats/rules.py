@@ -1,0 +1,339 @@
+"""Design rules read across all of a study's runs: the shape model of ``nas.stats.shrinkage`` with fixed effects added.
+
+A study too noisy to rank single shapes can still say what a *kind* of change does, by reading every run at once
+(the design-space analyses of Radosavovic et al., ICCV 2019, and RegNet, CVPR 2020, did it by hand). Each rule is a
+named covariate of a shape (``search_spaces.base.Rule``), and every score of the study is::
+
+    L_s,i = u_i + x_s' beta + m_s + e_s,i      u_i: seed i's effect (fixed: shared by every shape on seed i)
+                                               beta: the rules' effects (nats per unit of each covariate)
+                                               m_s ~ N(0, tau^2): shape s's deviation from what its rules predict
+                                               e_s,i ~ N(0, s2): the run's own luck
+
+A rule is judged across *shapes*, not runs: ten seeds of one shape say nothing about a rule that only that shape
+varies, which the shape deviation ``m_s`` carries. With ``X`` the fixed effects (seed indicators and covariates),
+``Z`` the shapes and ``lambda = s2 / tau^2``, generalised least squares (Henderson's equations with the shape levels
+eliminated; ``Z'Z`` is diagonal, so ``H^-1 = I - Z D^-1 Z'``, ``D = Z'Z + lambda``) gives::
+
+    beta_hat = (X' H^-1 X)^-1 X' H^-1 y,      Var(beta_hat) = s2 (X' H^-1 X)^-1,      H = I + Z Z' / lambda
+
+and ``lambda`` its restricted likelihood (REML, Patterson and Thompson 1971; ``s2`` profiled)::
+
+    -2 l_R(lam) = (n - p) log(q / (n - p)) + sum_s log(1 + n_s / lam) + log |X' H^-1 X|
+    q = y' H^-1 y - beta' X' H^-1 y
+
+the same likelihood ``nas.stats.mixed_model`` evaluates with the seeds alone as fixed effects. The estimate is the GLS
+at the REML ``lambda`` (what statsmodels' ``MixedLM`` gives; ``tests/test_rules.py`` holds them within 1e-4 nats).
+Its interval carries the uncertainty of ``lambda``, as the shape answer's does: the variance is averaged over the
+posterior of ``lambda`` on ``nas.stats.shrinkage.LOG_LAMBDA_GRID`` (REML likelihood times a flat prior on ``tau``,
+Gelman 2006), around the estimate, ``sum_j w_j (s2_j (X' H_j^-1 X)^-1 + (beta_j - beta_hat)^2)``. So the shape
+variance at its boundary (``tau = 0``, where REML puts it on the default search, and where a plug-in standard error
+is either too short or, in statsmodels, nan) still gives a finite interval that knows ``tau`` could be larger. The
+interval's quantile is Student t with the *containment* degrees of freedom of a shape-level effect (SAS PROC MIXED's
+``DDFM=CONTAIN``): the shapes less the rank of the rules and the intercept, ``df = S - 1 - R``.
+
+Per rule, with ``sd`` that averaged standard error:
+
+- the 95 % interval ``beta_hat +- t_{0.975, df} sd``, and the same in % of the baseline's mean loss;
+- the minimum detectable effect at 80 % power, ``(t_{0.975, df} + t_{0.8, df}) sd`` (the normal-theory MDE of a
+  two-sided 5 % test; Cohen 1988);
+- a verdict: **resolved** (the interval excludes 0), **not resolved**, **confounded** (the study never varied it
+  apart from another rule, or from the seeds: its column is a combination of the others, ``1 - R^2 < CONFOUNDED``;
+  no number is given) or **not varied** (the same value in every shape).
+
+A rule and its square (``Rule.square_of``: the width-depth U) have an optimum ``x* = -b_1 / (2 b_2)``, whose
+interval is Fieller's (1954), the exact set of ``x`` with ``|b_1 + 2 b_2 x| <= t sd(b_1 + 2 b_2 x)``.
+
+At a longer budget (``nas rules --confirm``) the same model is fitted to the re-runs and each rule's two estimates
+compared (``fidelity``): **held**, **shrank**, **reversed** or **not resolved**.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.optimize import minimize_scalar
+from scipy.special import stdtrit
+
+from nas.stats.comparisons import ALPHA
+from nas.stats.resolution import POWER
+from nas.stats.scores import ShapeScores, mean_by_seed
+from nas.stats.shrinkage import LOG_LAMBDA_GRID, MIN_COMPONENT_WEIGHT
+
+CONFOUNDED = 1e-3  # 1 - R^2 of a rule's column on the other fixed effects below this: it was never varied apart
+MIN_SHAPES = 3  # a rule needs shapes to vary across, and the model a spread to estimate
+
+RESOLVED, NOT_RESOLVED, CONFOUNDED_VERDICT, NOT_VARIED = "resolved", "not resolved", "confounded", "not varied"
+HELD, SHRANK, REVERSED = "held", "shrank", "reversed"
+
+
+@dataclass(frozen=True)
+class RuleEstimate:
+    """One rule's effect in a study (nats per unit of its covariate); numbers are None when it is confounded or was
+    not varied."""
+
+    name: str
+    verdict: str  # resolved | not resolved | confounded | not varied
+    estimate: float | None = None
+    sd: float | None = None  # the standard error, averaged over lambda's posterior (module docstring)
+    low: float | None = None  # 95 % interval
+    high: float | None = None
+    mdg: float | None = None  # minimum detectable effect at 80 % power (nats per unit)
+    df: int = 0
+    baseline_loss: float | None = None
+    confounded_with: str | None = None  # the rule (or "the seed effects") it was never varied apart from
+
+    @property
+    def estimated(self) -> bool:
+        return self.estimate is not None
+
+    def percent(self, value: float | None) -> float | None:
+        """``value`` (nats) in % of the baseline's mean loss."""
+        return None if value is None or not self.baseline_loss else 100 * value / self.baseline_loss
+
+
+@dataclass(frozen=True)
+class Optimum:
+    """The bottom of a U (a rule and its square): ``x* = -b_1 / (2 b_2)`` with Fieller's 95 % interval; ``low`` and
+    ``high`` None when the interval is unbounded (the curvature is not resolved)."""
+
+    linear: str
+    square: str
+    x: float | None  # None when the fitted curve opens downwards (no minimum)
+    low: float | None
+    high: float | None
+
+
+@dataclass(frozen=True)
+class RuleFit:
+    """The rule model fitted to one study's runs (module docstring)."""
+
+    names: tuple[str, ...]  # the rules asked for, in order
+    estimates: tuple[RuleEstimate, ...]  # one per name
+    runs: int
+    shapes: int
+    seeds: int
+    tau: float  # the REML estimate of the shapes' deviation sd beyond their rules (0: at its boundary)
+    sigma: float  # the REML estimate of one run's own sd
+    df: int
+    baseline_loss: float | None
+    fitted: tuple[str, ...] = ()  # the rules in the model (neither confounded nor constant)
+    beta: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)  # (R_fit,) at the REML lambda
+    covariance: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)), repr=False)  # (R_fit, R_fit)
+    covariates: dict[str, tuple[float, ...]] = field(default_factory=dict, repr=False)  # shape -> its rules' values
+    adjusted: dict[str, float] = field(default_factory=dict, repr=False)  # shape -> mean loss less its seeds' effects
+
+    def estimate(self, name: str) -> RuleEstimate:
+        return self.estimates[self.names.index(name)]
+
+    @property
+    def resolved(self) -> tuple[RuleEstimate, ...]:
+        return tuple(e for e in self.estimates if e.verdict == RESOLVED)
+
+    def partial_residuals(self, name: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
+        """Every shape's ``(x_s, r_s)`` for one fitted rule, and the shapes: ``r_s`` is its mean loss less its seeds'
+        effects and the other rules' fitted contributions, so that ``r_s`` against ``x_s`` shows the rule's line
+        ``beta x`` (up to a constant) with the scatter the shapes leave around it."""
+        j = self.fitted.index(name)
+        keys = [key for key in self.adjusted if key in self.covariates]
+        x = np.array([[self.covariates[k][self.names.index(n)] for n in self.fitted] for k in keys])  # (S, R_fit)
+        others = x @ self.beta - x[:, j] * self.beta[j]
+        return x[:, j], np.array([self.adjusted[k] for k in keys]) - others, keys
+
+    def optimum(self, linear: str, square: str) -> Optimum | None:
+        """The U's bottom in the linear rule's units (module docstring); None unless both rules were fitted."""
+        if linear not in self.fitted or square not in self.fitted:
+            return None
+        i, j = self.fitted.index(linear), self.fitted.index(square)
+        b1, b2 = float(self.beta[i]), float(self.beta[j])
+        v11, v12, v22 = self.covariance[i, i], self.covariance[i, j], self.covariance[j, j]
+        t = quantile(self.df)
+        # (b1 + 2 b2 x)^2 <= t^2 (v11 + 4 x v12 + 4 x^2 v22)  <=>  a x^2 + b x + c <= 0
+        a, b, c = 4 * (b2**2 - t**2 * v22), 4 * (b1 * b2 - t**2 * v12), b1**2 - t**2 * v11
+        x = -b1 / (2 * b2) if b2 > 0 else None
+        if a <= 0 or x is None:
+            return Optimum(linear, square, x, None, None)
+        root = math.sqrt(max(b * b - 4 * a * c, 0.0))
+        return Optimum(linear, square, x, (-b - root) / (2 * a), (-b + root) / (2 * a))
+
+
+def quantile(df: int, alpha: float = ALPHA) -> float:
+    """``t_{1 - alpha/2, df}``."""
+    return float(stdtrit(max(df, 1), 1 - alpha / 2))
+
+
+@dataclass(frozen=True)
+class _Design:
+    """The sums GLS and REML need, independent of ``lambda`` (module docstring): ``p`` fixed effects, ``S`` shapes."""
+
+    counts: np.ndarray  # (S,) runs of each shape (Z'Z)
+    zx: np.ndarray  # (S, p)
+    xx: np.ndarray  # (p, p)
+    zy: np.ndarray  # (S,)
+    xy: np.ndarray  # (p,)
+    yy: float
+    n: int
+
+    @property
+    def p(self) -> int:
+        return len(self.xy)
+
+    def at(self, log_lam: float) -> tuple[float, float, np.ndarray, np.ndarray]:
+        """``(REML deviance, profiled s2, beta, (X' H^-1 X)^-1)`` at ``log lambda`` (``inf``: ``tau = 0``, OLS)."""
+        if math.isinf(log_lam):
+            a, c, quad, logh = self.xx, self.xy, self.yy, 0.0
+        else:
+            lam = math.exp(log_lam)
+            d = self.counts + lam  # (S,)
+            a = self.xx - self.zx.T @ (self.zx / d[:, None])  # (p, p): X' H^-1 X
+            c = self.xy - self.zx.T @ (self.zy / d)  # (p,): X' H^-1 y
+            quad = self.yy - float(np.sum(self.zy**2 / d))  # y' H^-1 y
+            logh = float(np.sum(np.log1p(self.counts / lam)))
+        inverse = np.linalg.inv(a)
+        beta = inverse @ c
+        df = self.n - self.p
+        q = max(quad - float(beta @ c), 1e-300)
+        return df * math.log(q / df) + logh + float(np.linalg.slogdet(a)[1]), q / df, beta, inverse
+
+
+def _design(shape: np.ndarray, x: np.ndarray, y: np.ndarray, n_shapes: int) -> _Design:
+    zx = np.zeros((n_shapes, x.shape[1]))
+    np.add.at(zx, shape, x)
+    return _Design(np.bincount(shape, minlength=n_shapes).astype(float), zx, x.T @ x,
+                   np.bincount(shape, weights=y, minlength=n_shapes), x.T @ y, float(y @ y), len(y))
+
+
+def _unexplained(column: np.ndarray, others: np.ndarray) -> float:
+    """``1 - R^2`` of ``column`` regressed on ``others`` (no intercept added), 0 for a column the others span."""
+    total = float(column @ column)
+    if total <= 0:
+        return 0.0
+    coef = np.linalg.lstsq(others, column, rcond=None)[0]
+    resid = column - others @ coef
+    return float(resid @ resid) / total
+
+
+def _confounding(seeds: np.ndarray, x: np.ndarray, names: Sequence[str]) -> dict[str, str]:
+    """For each rule the study never varied apart from the other fixed effects, which: the other rule that carries
+    most of it (largest standardised coefficient), or "the seed effects" when the seeds alone span it."""
+    out: dict[str, str] = {}
+    for j, name in enumerate(names):
+        column = x[:, j] - seeds @ np.linalg.lstsq(seeds, x[:, j], rcond=None)[0]  # within seeds
+        if float(column @ column) <= 1e-12 * max(1.0, float(x[:, j] @ x[:, j])):
+            out[name] = "the seed effects"
+            continue
+        others = [k for k in range(len(names)) if k != j]
+        if not others:
+            continue
+        rest = x[:, others] - seeds @ np.linalg.lstsq(seeds, x[:, others], rcond=None)[0]  # (n, R-1)
+        if _unexplained(column, rest) < CONFOUNDED:
+            coef = np.linalg.lstsq(rest, column, rcond=None)[0]
+            scale = coef * np.sqrt(np.sum(rest**2, axis=0))
+            out[name] = names[others[int(np.argmax(np.abs(scale)))]]
+    return out
+
+
+def fit_rules(scores: Mapping[str, ShapeScores], covariates: Mapping[str, Sequence[float]], names: Sequence[str],
+              baseline_loss: float | None = None) -> RuleFit | None:
+    """The rule model (module docstring) on every shape of ``scores`` with ``covariates`` (shape key -> one value a
+    rule of ``names``); a seed trained twice counts with its mean, as in the shape model. None with fewer than
+    ``MIN_SHAPES`` shapes or too few runs for the seeds and rules."""
+    names = tuple(names)
+    keys = [k for k in scores if k in covariates and scores[k].n]
+    rows = [(s, seed, loss) for s, k in enumerate(keys) for seed, loss in mean_by_seed(scores[k]).items()]
+    if len(keys) < MIN_SHAPES or not rows:
+        return None
+    seed_list = sorted({seed for _, seed, _ in rows})
+    seed_index = {seed: i for i, seed in enumerate(seed_list)}
+    shape = np.array([s for s, _, _ in rows])  # (n,)
+    y = np.array([loss for _, _, loss in rows])  # (n,)
+    seeds = np.zeros((len(rows), len(seed_list)))  # (n, I)
+    seeds[np.arange(len(rows)), [seed_index[seed] for _, seed, _ in rows]] = 1.0
+    values = np.array([[float(v) for v in covariates[k]] for k in keys])  # (S, R)
+    x_all = values[shape]  # (n, R)
+    varied = [j for j in range(len(names)) if np.ptp(values[:, j]) > 1e-12]
+    confounded = _confounding(seeds, x_all[:, varied], [names[j] for j in varied])
+    fitted = [j for j in varied if names[j] not in confounded]
+    x = np.hstack([seeds, x_all[:, fitted]])  # (n, p)
+    df_runs = len(y) - x.shape[1]
+    if df_runs < 1:
+        return None
+    design = _design(shape, x, y, len(keys))
+    beta, covariance, tau, sigma, df, u = _estimate(design, len(fitted), len(keys), len(seed_list))
+    covariance_of = {names[j]: i for i, j in enumerate(fitted)}
+    q, power_q = quantile(df), float(stdtrit(max(df, 1), POWER))
+    out = []
+    for j, name in enumerate(names):
+        if j not in varied:
+            out.append(RuleEstimate(name, NOT_VARIED, baseline_loss=baseline_loss))
+        elif name in confounded:
+            out.append(RuleEstimate(name, CONFOUNDED_VERDICT, baseline_loss=baseline_loss,
+                                    confounded_with=confounded[name]))
+        else:
+            i = covariance_of[name]
+            value, sd = float(beta[i]), math.sqrt(max(float(covariance[i, i]), 0.0))
+            low, high = value - q * sd, value + q * sd
+            verdict = RESOLVED if low > 0 or high < 0 else NOT_RESOLVED
+            out.append(RuleEstimate(name, verdict, value, sd, low, high, (q + power_q) * sd, df, baseline_loss))
+    seed_effect = u[[seed_index[seed] for _, seed, _ in rows]]  # (n,)
+    adjusted = {keys[s]: float(np.mean((y - seed_effect)[shape == s])) for s in range(len(keys))}
+    return RuleFit(names, tuple(out), len(y), len(keys), len(seed_list), tau, sigma, df, baseline_loss,
+                   tuple(names[j] for j in fitted), beta, covariance,
+                   {k: tuple(float(v) for v in covariates[k]) for k in keys}, adjusted)
+
+
+def _estimate(design: _Design, n_rules: int, n_shapes: int, n_seeds: int):
+    """The REML estimate and the lambda-averaged covariance of the rules' effects (module docstring): ``(beta (R,),
+    covariance (R, R), tau, sigma, df, seed effects (I,))``."""
+    evaluated = [design.at(float(g)) for g in LOG_LAMBDA_GRID]
+    deviances = np.array([e[0] for e in evaluated])
+    no_spread = design.at(math.inf)
+    i = int(np.argmin(deviances))
+    if no_spread[0] <= deviances[i] + 1e-9:  # flattest at no spread: tau = 0, the fit is OLS with seed effects
+        mode_log_lam, (_, s2, beta, _) = math.inf, no_spread
+    else:
+        low, high = LOG_LAMBDA_GRID[max(0, i - 1)], LOG_LAMBDA_GRID[min(len(LOG_LAMBDA_GRID) - 1, i + 1)]
+        found = minimize_scalar(lambda v: design.at(v)[0], bounds=(float(low), float(high)), method="bounded",
+                                options={"xatol": 1e-10})
+        mode_log_lam = float(found.x)
+        _, s2, beta, _ = design.at(mode_log_lam)
+    taus = np.sqrt([e[1] / math.exp(g) for g, e in zip(LOG_LAMBDA_GRID, evaluated)])  # (G,)
+    weights = np.exp(-(deviances - deviances.min()) / 2) * taus  # flat in tau (as nas.stats.shrinkage.fit)
+    weights /= weights.sum()
+    rules = slice(design.p - n_rules, design.p)
+    covariance = np.zeros((n_rules, n_rules))
+    kept = weights > MIN_COMPONENT_WEIGHT
+    for w, (_, s2_j, beta_j, inverse_j) in zip(weights[kept] / weights[kept].sum(),
+                                               (e for e, k in zip(evaluated, kept) if k)):
+        shift = beta_j[rules] - beta[rules]
+        covariance += w * (s2_j * inverse_j[rules, rules] + np.outer(shift, shift))
+    tau = 0.0 if math.isinf(mode_log_lam) else math.sqrt(s2 / math.exp(mode_log_lam))
+    df = max(1, n_shapes - 1 - n_rules)
+    return beta[rules], covariance, tau, math.sqrt(s2), df, beta[:n_seeds]
+
+
+def fidelity(proxy: RuleEstimate, longer: RuleEstimate) -> str:
+    """How a rule read at the proxy fared at a longer budget (two independent studies):
+
+    - **reversed**: the longer budget's interval excludes 0 on the other side;
+    - **shrank**: the longer estimate is closer to 0 and the difference's 95 % interval excludes 0
+      (``|b_long - b_proxy| > z sqrt(sd_p^2 + sd_l^2)``), its sign not reversed;
+    - **held**: the longer budget's interval excludes 0 on the proxy's side (and it did not shrink);
+    - **not resolved**: otherwise (the longer interval holds 0 and the change is within the noise), or either
+      budget has no estimate."""
+    if not (proxy.estimated and longer.estimated and proxy.estimate and longer.sd is not None
+            and proxy.sd is not None and longer.low is not None and longer.high is not None):
+        return NOT_RESOLVED
+    sign = 1.0 if proxy.estimate > 0 else -1.0
+    if (sign > 0 and longer.high < 0) or (sign < 0 and longer.low > 0):
+        return REVERSED
+    z = quantile(10**6)
+    difference = abs(longer.estimate - proxy.estimate)  # type: ignore[operator]
+    closer = abs(longer.estimate) < abs(proxy.estimate)  # type: ignore[arg-type]
+    if closer and difference > z * math.hypot(proxy.sd, longer.sd):
+        return SHRANK
+    if (sign > 0 and longer.low > 0) or (sign < 0 and longer.high < 0):
+        return HELD
+    return NOT_RESOLVED

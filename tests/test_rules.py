@@ -1,0 +1,169 @@
+"""The rule model (``nas.stats.rules``): agreement with statsmodels' MixedLM, verdicts, the U's optimum, fidelity."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from nas.stats.rules import (
+    CONFOUNDED_VERDICT,
+    HELD,
+    NOT_RESOLVED,
+    NOT_VARIED,
+    RESOLVED,
+    REVERSED,
+    SHRANK,
+    RuleEstimate,
+    fidelity,
+    fit_rules,
+)
+from nas.stats.scores import ShapeScores
+
+
+def planted(rng: np.random.Generator, beta: tuple[float, ...], tau: float, sigma: float, shapes: int = 40,
+            seeds: int = 6, columns=None) -> tuple[dict[str, ShapeScores], dict[str, list[float]]]:
+    """A study of ``shapes`` shapes on 1-4 of ``seeds`` seeds each, two covariates (a count 0-6 and a continuous
+    one), scored ``u_seed + x'beta + m_shape + e`` (the rule model's own form)."""
+    seed_effects = rng.normal(0, 0.1, seeds)
+    scores, covariates = {}, {}
+    for s in range(shapes):
+        x = columns(s, rng) if columns else [float(rng.integers(0, 7)), float(rng.uniform(-2, 0))]
+        level = 3.0 + float(np.dot(x, beta)) + rng.normal(0, tau)
+        chosen = sorted(rng.choice(seeds, size=int(rng.integers(1, 5)), replace=False).tolist())
+        losses = tuple(level + seed_effects[i] + rng.normal(0, sigma) for i in chosen)
+        key = f"shape{s}"
+        scores[key] = ShapeScores(key, tuple(range(len(chosen))), tuple(int(i) for i in chosen), losses)
+        covariates[key] = x
+    return scores, covariates
+
+
+def statsmodels_fit(scores: dict[str, ShapeScores], covariates: dict[str, list[float]]):
+    import pandas as pd
+    import statsmodels.formula.api as smf
+
+    rows = [{"shape": k, "seed": str(seed), "y": loss, "a": covariates[k][0], "b": covariates[k][1]}
+            for k, s in scores.items() for seed, loss in zip(s.seeds, s.losses)]
+    frame = pd.DataFrame(rows)
+    return smf.mixedlm("y ~ 0 + C(seed) + a + b", frame, groups=frame["shape"]).fit(reml=True)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_estimates_agree_with_statsmodels_mixedlm_on_planted_designs(seed):
+    rng = np.random.default_rng(seed)
+    scores, covariates = planted(rng, (0.01, -0.04), tau=0.04, sigma=0.08)
+    ours = fit_rules(scores, covariates, ["a", "b"], 3.0)
+    theirs = statsmodels_fit(scores, covariates)
+    assert ours is not None
+    for name in ("a", "b"):
+        assert ours.estimate(name).estimate == pytest.approx(theirs.fe_params[name], abs=1e-4)
+    assert ours.tau == pytest.approx(math.sqrt(float(theirs.cov_re.iloc[0, 0])), abs=2e-3)
+    assert ours.sigma == pytest.approx(math.sqrt(theirs.scale), abs=2e-3)
+
+
+def test_no_shape_spread_gives_ordinary_least_squares_and_a_finite_interval():
+    """Planted with tau = 0, REML puts the spread at its boundary: the estimate is least squares with seed effects,
+    and the interval is finite and no shorter than least squares' own (it knows tau could be larger)."""
+    rng = np.random.default_rng(7)
+    scores, covariates = planted(rng, (0.0, -0.03), tau=0.0, sigma=0.1, shapes=60)
+    fit = fit_rules(scores, covariates, ["a", "b"], 3.0)
+    assert fit is not None and fit.tau == 0.0
+    rows = [(k, seed, loss) for k, s in scores.items() for seed, loss in zip(s.seeds, s.losses)]
+    seeds = sorted({seed for _, seed, _ in rows})
+    x = np.array([[float(seed == i) for i in seeds] + list(covariates[k]) for k, seed, _ in rows])
+    y = np.array([loss for _, _, loss in rows])
+    beta, residual = np.linalg.lstsq(x, y, rcond=None)[:2]
+    ols_sd = np.sqrt(np.diag(residual[0] / (len(y) - x.shape[1]) * np.linalg.inv(x.T @ x)))
+    for i, name in enumerate(("a", "b")):
+        estimate = fit.estimate(name)
+        assert estimate.estimate == pytest.approx(beta[len(seeds) + i], abs=1e-9)
+        assert math.isfinite(estimate.sd) and estimate.sd >= ols_sd[len(seeds) + i] * 0.999
+
+
+def test_a_planted_rule_is_resolved_and_a_null_one_is_not():
+    rng = np.random.default_rng(11)
+    scores, covariates = planted(rng, (0.0, -0.06), tau=0.02, sigma=0.06, shapes=80)
+    fit = fit_rules(scores, covariates, ["a", "b"], 3.0)
+    a, b = fit.estimate("a"), fit.estimate("b")
+    assert b.verdict == RESOLVED and b.low < -0.06 < b.high
+    assert a.verdict == NOT_RESOLVED and a.low < 0 < a.high
+    assert b.mdg == pytest.approx((1.9905 + 0.8464) * b.sd, rel=1e-3)  # t_{0.975,77} + t_{0.8,77}
+    assert b.percent(b.estimate) == pytest.approx(100 * b.estimate / 3.0)
+
+
+def test_a_rule_never_varied_apart_from_another_is_confounded_and_gets_no_number():
+    rng = np.random.default_rng(3)
+    scores, covariates = planted(rng, (0.02, 0.0), tau=0.02, sigma=0.06)
+    with_copy = {k: [x[0], 2 * x[0] + 1, x[1]] for k, x in covariates.items()}  # the second is the first, rescaled
+    fit = fit_rules(scores, with_copy, ["a", "twice_a", "b"], 3.0)
+    assert fit.estimate("a").verdict == CONFOUNDED_VERDICT and fit.estimate("a").confounded_with == "twice_a"
+    assert fit.estimate("twice_a").confounded_with == "a" and fit.estimate("twice_a").estimate is None
+    assert fit.estimate("b").estimated and fit.fitted == ("b",)
+
+
+def test_a_constant_rule_is_not_varied_and_the_others_still_fit():
+    rng = np.random.default_rng(4)
+    scores, covariates = planted(rng, (0.02, 0.0), tau=0.02, sigma=0.06)
+    fit = fit_rules(scores, {k: [x[0], 1.0] for k, x in covariates.items()}, ["a", "constant"], 3.0)
+    assert fit.estimate("constant").verdict == NOT_VARIED and fit.estimate("a").estimated
+
+
+def test_a_rule_only_the_seeds_vary_is_confounded_with_the_seed_effects():
+    scores = {f"s{i}": ShapeScores(f"s{i}", (0,), (i % 2,), (3.0 + 0.01 * i,)) for i in range(6)}
+    fit = fit_rules(scores, {f"s{i}": [float(i % 2), float(i)] for i in range(6)}, ["by_seed", "i"], 3.0)
+    assert fit.estimate("by_seed").confounded_with == "the seed effects"
+
+
+def test_too_few_shapes_is_no_fit():
+    scores = {k: ShapeScores(k, (0, 1), (0, 1), (3.0, 3.1)) for k in ("a", "b")}
+    assert fit_rules(scores, {"a": [0.0], "b": [1.0]}, ["x"]) is None
+
+
+def u_columns(s: int, rng: np.random.Generator) -> list[float]:
+    x = 2.0 + 6.0 * (s % 12) / 11
+    return [x, x * x]
+
+
+def test_fieller_interval_of_a_planted_u_covers_its_bottom():
+    """loss = 0.01 (x - 7)^2 + ...: the bottom at x = 7 (d_model/L = 128); over 40 studies the 95 % interval covers
+    it in all but a few (200 covered 0.95), and a flat curve has no bounded interval."""
+    covered = 0
+    for seed in range(40):
+        scores, covariates = planted(np.random.default_rng(seed), (-0.14, 0.01), tau=0.01, sigma=0.05, shapes=72,
+                                     columns=u_columns)
+        optimum = fit_rules(scores, covariates, ["lin", "sq"], 3.0).optimum("lin", "sq")
+        covered += optimum.low is not None and optimum.low < 7.0 < optimum.high
+    assert covered >= 34
+    flat, covariates = planted(np.random.default_rng(6), (0.0, 0.0), tau=0.01, sigma=0.05, shapes=24,
+                               columns=u_columns)
+    optimum = fit_rules(flat, covariates, ["lin", "sq"], 3.0).optimum("lin", "sq")
+    assert optimum.low is None or optimum.x is None or optimum.high - optimum.low > 10  # at most a guess
+
+
+def test_partial_residuals_carry_the_rule_line():
+    rng = np.random.default_rng(8)
+    scores, covariates = planted(rng, (0.03, -0.05), tau=0.0, sigma=0.001, shapes=30)
+    fit = fit_rules(scores, covariates, ["a", "b"], 3.0)
+    x, r, keys = fit.partial_residuals("a")
+    slope = np.polyfit(x, r, 1)[0]
+    assert slope == pytest.approx(0.03, abs=2e-3) and len(keys) == 30
+
+
+def estimate(value: float, sd: float) -> RuleEstimate:
+    return RuleEstimate("x", RESOLVED, value, sd, value - 1.96 * sd, value + 1.96 * sd, 2.8 * sd, 100, 3.0)
+
+
+@pytest.mark.parametrize("proxy, longer, verdict", [
+    ((-0.04, 0.01), (-0.035, 0.01), HELD),
+    ((-0.04, 0.005), (-0.01, 0.004), SHRANK),
+    ((-0.04, 0.01), (0.03, 0.01), REVERSED),
+    ((-0.04, 0.01), (-0.02, 0.015), NOT_RESOLVED),
+    ((0.02, 0.005), (0.05, 0.01), HELD),
+])
+def test_fidelity_verdicts(proxy, longer, verdict):
+    assert fidelity(estimate(*proxy), estimate(*longer)) == verdict
+
+
+def test_fidelity_without_an_estimate_is_not_resolved():
+    assert fidelity(RuleEstimate("x", CONFOUNDED_VERDICT), estimate(0.1, 0.01)) == NOT_RESOLVED
