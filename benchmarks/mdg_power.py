@@ -22,7 +22,7 @@ gain it detects, by bisection), and::
     power(delta) = share of draws with delta_i <= delta,      simulated MDG = their 80th percentile
 
 It reports the power at the stated gain and the simulated MDG beside it. The leader is the sentence's (the pick, or
-the best other shape when the baseline is the pick: ``reports.summary.sentence_leader``).
+the best other shape when the baseline is the pick: ``nas.stats.answer.sentence_leader``).
 
 Beside them, the **split**: the minimum detectable gain the answer would state under the study's own model (its REML
 ``lambda`` and ``s2``, its robust widening and quantile) had the leader and the baseline shared every replicate trial
@@ -153,24 +153,18 @@ def split_resolution(scores: dict[str, ShapeScores], baseline: str, leader: str,
 
 def check(data, draws: int = 200, seed: int = 0) -> PowerCheck:
     """``PowerCheck`` for one study snapshot (``reports.frame.StudyData``) whose answer is a shrunk interval."""
-    from reports.summary import (
-        allocated_adaptively,
-        best_shape,
-        replicate_trials,
-        sentence_leader,
-        study_limit,
-        study_resolution,
-    )
+    from nas.stats.answer import best_shape, sentence_leader, study_limit, study_resolution
 
-    if not allocated_adaptively(data):
+    evidence = data.evidence
+    if not evidence.adaptive:
         raise ValueError("its answer is not a shrunk credible interval (no adaptive replicates): its minimum "
                          "detectable gain is a paired t-test's, exact by construction")
-    best = best_shape(data)
-    res = study_resolution(data, best)
+    best = best_shape(evidence)
+    res = study_resolution(evidence, best)
     model = data.model(plug_in=True)
     if res is None or model is None or not model.components:
         raise ValueError("it has no minimum detectable gain yet (nothing is shrunk)")
-    baseline, leader = data.baseline_key, sentence_leader(data, best)
+    baseline, leader = data.baseline_key, sentence_leader(evidence, best)
     component = max(model.components, key=lambda c: c.weight)
     sigma = math.sqrt(component.s2)
     tau = math.sqrt(component.s2 / math.exp(component.log_lam))
@@ -182,9 +176,9 @@ def check(data, draws: int = 200, seed: int = 0) -> PowerCheck:
     base_loss = data.scores[baseline].mean
     simulated = float(np.quantile(found, POWER))
     quartiles = tuple(float(q) for q in np.quantile(found, [0.25, 0.5, 0.75]))
-    limit = study_limit(data, res)
+    limit = study_limit(evidence, res)
     shrunk = data.gains().get(leader)
-    split = split_resolution(data.scores, baseline, leader, replicate_trials(data), tau, sigma, model.df,
+    split = split_resolution(data.scores, baseline, leader, evidence.replicate_trials(), tau, sigma, model.df,
                              shrunk.widening if shrunk is not None else 1.0)
     return PowerCheck(data.name, leader, data.scores[leader].n, data.scores[baseline].n, tau, sigma, seed_sd, draws,
                       res.gain, res.gain_pct, float(np.mean([t <= res.gain for t in found])), simulated,

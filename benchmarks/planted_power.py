@@ -6,14 +6,14 @@ found a better shape and given it those seeds. This script plants one: in the kn
 ``benchmarks/ranking_simulation.py`` (``draw_truth``: true means spread with sd ``--spread``, the baseline
 ``--baseline-z`` spreads ahead of the pack's centre), one shape other than the baseline, drawn at random, gets the
 true mean ``baseline x (1 - gain / 100)``; the real planner runs the study to its budget (``play_study``) and the
-real summary (``reports.summary.summarise``) answers it. Per planted gain, over ``--studies`` studies:
+real answer (``nas.stats.answer.build_answer``) answers it. Per planted gain, over ``--studies`` studies:
 
 - P(the answer says a shape beats the baseline), and that it is the planted one (its interval above zero);
 - P(the pick is the planted shape), and the planted shape's median seeds (1: the search never replicated it);
 - P(the planted shape is declared | it is the pick): the leader's comparison's own power;
 - the median minimum detectable gain the answers stated;
 - where the pick is the planted shape (the sentence's leader), the power its answer states for the planted gain
-  (``nas.stats.resolution.posterior_power`` on the answer's own design, ``reports.summary.leader_design``), averaged
+  (``nas.stats.resolution.posterior_power`` on the answer's own design, ``nas.stats.answer.leader_design``), averaged
   over those studies, beside the share declared: the stated power checked where it is a statement about the
   planted shape (equal when honest; the conditioning on the pick raises both).
 
@@ -44,7 +44,7 @@ from benchmarks.ranking_simulation import (
     cpu_search,
     draw_truth,
     play_study,
-    simulated_data,
+    simulated_evidence,
 )
 
 REPLICATE_TRIALS = 71  # what the default 200-trial search leaves after its first pass
@@ -61,9 +61,9 @@ def planted(truth: Truth, rng: random.Random, gain_pct: float) -> tuple[Truth, s
 
 def study(args: tuple[str, float, int, float, float, float, int]) -> dict[str, float]:
     """One study with a shape planted ``gain_pct`` % better, answered by the real summary after its budget."""
+    from nas.stats.answer import build_answer, leader_design
     from nas.stats.comparisons import ALPHA
     from nas.stats.resolution import posterior_power
-    from reports.summary import leader_design, summarise
 
     policy, gain_pct, seed, paired_sd, spread, baseline_z, replicate_trials = args
     search = cpu_search(policy, FIRST_PASS + replicate_trials)
@@ -71,8 +71,8 @@ def study(args: tuple[str, float, int, float, float, float, int]) -> dict[str, f
     keys = [a.key() for a in search.members()]
     truth, key = planted(draw_truth(keys, search.baseline.key(), rng, spread, baseline_z), rng, gain_pct)
     trials = play_study(search, truth.means, rng, paired_sd)
-    data = simulated_data(trials, truth.baseline, search.train.seed)
-    summary = summarise(data)
+    data = simulated_evidence(trials, truth.baseline, search.train.seed)
+    summary = build_answer(data)
     declared = summary.beats_baseline
     design = leader_design(data, key) if summary.best == key else None
     gain = truth.means[truth.baseline] - truth.means[key]  # nats

@@ -8,7 +8,7 @@ shape a true mean loss and draws each (shape, seed) score as
 
 with ``mu`` spread and noise taken from the proxy's measurements (README, "What the proxy can
 resolve"). Every trial is chosen by the real planner (``nas.study.planning.plan_next``, the code a
-search runs) and every study is judged by the real report (``reports.summary.summarise``): the
+search runs) and every study is judged by the real answer (``nas.stats.answer.build_answer``): the
 pick, the tied set, and the pick's paired gain over the baseline with its interval. Policies, at
 the same number of trials: ``fixed`` (seed replicates of the baseline and the 4 best by
 seed-adjusted loss, ``--replicates fixed``), ``race`` (racing, ``--replicates race``) and
@@ -144,24 +144,26 @@ def simulate_study(policy: str, budgets: tuple[int, ...], seed: int, race_size: 
     return [judge(trials[:FIRST_PASS + b], truth, search.train.seed, paired_sd, spread) for b in budgets]
 
 
-def simulated_data(trials: list, baseline: str, base_seed: int):
-    """The report's ``reports.frame.StudyData`` of a simulated study's trials (what ``summarise`` reads)."""
-    import optuna
+def simulated_attrs(baseline: str, base_seed: int) -> dict:
+    """The study attributes a reader needs of a simulated study: its baseline and base seed."""
+    return {"nas:baseline_key": baseline, "nas:identity": {"train": {"seed": base_seed}}}
 
-    from reports.frame import study_data
 
-    return study_data("simulated", [optuna.study.StudyDirection.MINIMIZE], trials,
-                      {"nas:baseline_key": baseline, "nas:identity": {"train": {"seed": base_seed}}})
+def simulated_evidence(trials: list, baseline: str, base_seed: int):
+    """A simulated study's ``nas.stats.evidence.Evidence``: what its answer is built from (no frame, no board)."""
+    from reports.frame import evidence_of
+
+    return evidence_of(trials, simulated_attrs(baseline, base_seed))
 
 
 def judge(trials: list, truth: Truth, base_seed: int, paired_sd: float = PAIRED_SD,
           spread: float = SPREAD_SD) -> dict[str, float]:
-    """The real report's verdict on a simulated study (``reports.summary.summarise``) against its truth."""
+    """The real answer's verdict on a simulated study (``nas.stats.answer.build_answer``) against its truth."""
+    from nas.stats.answer import build_answer
     from nas.stats.comparisons import paired_gain, pooled_paired_sd
-    from reports.summary import summarise
 
-    data = simulated_data(trials, truth.baseline, base_seed)
-    summary = summarise(data)
+    data = simulated_evidence(trials, truth.baseline, base_seed)
+    summary = build_answer(data)
     pick = summary.best
     true_gain = 100 * (truth.means[truth.baseline] - truth.means[pick]) / truth.means[truth.baseline]
     gain = summary.gain
@@ -416,7 +418,7 @@ def run(cfg: BenchConfig) -> Figure:
                 f"planners are anytime: one study, {len(budgets)} prefixes): the cpu prism space (129 schedules), "
                 f"true means sd {SPREAD_SD}, the best {BEST_GAP} ahead; scores = mean + shared seed effect "
                 f"(sd {SEED_SD}) + paired noise (difference sd {PAIRED_SD}, and x{QUIETER} in the quieter rows); "
-                "trials planned by nas.study.planning.plan_next, studies judged by reports.summary.summarise; "
+                "trials planned by nas.study.planning.plan_next, studies judged by nas.stats.answer.build_answer; "
                 "oracle: top-two Thompson "
                 "sampling that knows the prior and the seed effects (a reference, not a policy)"),
         columns=["policy", "noise", "replicate trials", "studies", "P(pick = true best)", "P(true best in tied set)",

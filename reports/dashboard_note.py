@@ -15,7 +15,7 @@ import optuna
 
 from reports.frame import StudyData, read_study
 from reports.leaderboard import expected_gain_text
-from reports.summary import allocated_adaptively, board_gain_columns, gain_text, honest_gain, shape_label, summarise
+from reports.summary import board_gain_columns, gain_text, shape_label, summarise
 
 NOTE_ROWS = 10
 
@@ -23,20 +23,22 @@ NOTE_ROWS = 10
 def note_text(data: StudyData, top: int = NOTE_ROWS) -> str:
     """The note, in Markdown."""
     summary = summarise(data)
-    lines = [f"## {data.name}", "", f"**{summary.sentence}**", "",
-             "Ranked by expected gain (the paired gain over the baseline on shared seeds, shrunk by what the "
-             "shape's number of seeds supports: one lucky seed does not top the board); "
-             "the dashboard's own *best trial* is one seed, not a shape. "
-             f"`nas report --study-name {shlex.quote(data.name)}` draws the whole picture.", ""]
+    lines = [f"## {data.name}", "", f"**{summary.sentence}**", "", summary.detail, ""]
+    if summary.rule_sentences:
+        lines += ["Design rules:", "", *(f"- {s[0].upper() + s[1:]}." for s in summary.rule_sentences), ""]
+    lines += ["Ranked by expected gain (the paired gain over the baseline on shared seeds, shrunk by what the "
+              "shape's number of seeds supports: one lucky seed does not top the board); "
+              "the dashboard's own *best trial* is one seed, not a shape. "
+              f"`nas report --study-name {shlex.quote(data.name)}` draws the whole picture.", ""]
     if data.board.empty:
         return "\n".join(lines)
     first, second = board_gain_columns(data)
-    adaptive = allocated_adaptively(data)
+    adaptive = data.evidence.adaptive
     lines += [f"| rank | shape | seeds | {first} | {second} | loss on the baseline's seeds | adj. loss | tied |",
               "|---|---|---|---|---|---|---|---|"]
     shown = data.board[(data.board.index < top) | data.board["is_baseline"]]
     for r in shown.itertuples():
-        gain = honest_gain(data, r.key) if r.key != data.baseline_key else None
+        gain = data.evidence.honest_gain(r.key) if r.key != data.baseline_key else None
         credible, paired = expected_gain_text(r), gain_text(data, r.key, gain)
         on_base = f"{r.loss_on_baseline_seeds:.4f}" if r.loss_on_baseline_seeds == r.loss_on_baseline_seeds \
             and r.loss_on_baseline_seeds is not None else "-"

@@ -4,7 +4,7 @@ A row is a valid ``nas train --config`` (its ``arch``, with ``kv_heads`` when gr
 rows is a leaderboard (``--rank``); ``kv_heads`` and ``kv_cache_bytes_per_token`` are each shape's keys and
 values per layer and what they cost an inference. Scores: mean loss over seeds with its 95 % interval, the
 gain of the means, the paired gain over the baseline on common seeds without the selecting seed
-(``reports.summary.honest_gain``) and whether the shape is tied with the best.
+(``nas.stats.evidence.Evidence.honest_gain``) and whether the shape is tied with the best.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 from nas.arch import ArchConfig, format_plateaus
 from reports.frame import StudyData
-from reports.summary import honest_gain, shape_label, summarise
+from reports.summary import shape_label
 
 
 def _number(value: Any) -> Any:
@@ -26,10 +26,10 @@ def export_rows(data: StudyData, top: int) -> list[dict[str, Any]]:
     """The ``top`` best shapes and the baseline, ranked (see the module docstring)."""
     if data.board.empty:
         return []
-    summary = summarise(data)
+    tied = set(data.answer().tied)
     rows = []
     for r in data.board[(data.board.index < top) | data.board["is_baseline"]].itertuples():
-        gain = honest_gain(data, r.key) if r.key != data.baseline_key else None
+        gain = data.evidence.honest_gain(r.key) if r.key != data.baseline_key else None
         arch = ArchConfig.from_dict(r.arch) if isinstance(r.arch, dict) else None
         rows.append({
             "rank": int(r.rank), "shape": shape_label(data, r.key), "heads": r.heads,
@@ -44,7 +44,7 @@ def export_rows(data: StudyData, top: int) -> list[dict[str, Any]]:
             "gain_pct": _number(r.gain_pct),
             "paired_gain_pct": gain.gain_pct if gain else None, "paired_gain_low": gain.low_pct if gain else None,
             "paired_gain_high": gain.high_pct if gain else None, "paired_seeds": gain.n if gain else 0,
-            "tied_with_best": r.key in summary.tied, "params": _number(r.params),
+            "tied_with_best": r.key in tied, "params": _number(r.params),
             "tokens_per_s": _number(r.tokens_per_s), "trials": r.trials, "is_baseline": bool(r.is_baseline),
             "key": r.key, "study": data.name, "space": data.space_name, "preset": data.preset, "arch": r.arch,
         })

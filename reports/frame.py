@@ -16,12 +16,16 @@ import optuna
 import pandas as pd
 from optuna.trial import FrozenTrial, TrialState
 
-from nas.arch import format_plateaus
-from nas.stats.board import ShrunkGain, rank_shapes
+from nas.arch import ArchConfig, format_plateaus
+from nas.stats.answer import Answer, Budget, RuleInputs, build_answer
+from nas.stats.board import ShrunkGain
+from nas.stats.evidence import Evidence, TrialRole
 from nas.stats.scores import ShapeScores
-from nas.stats.shrinkage import Fit, fit
+from nas.stats.shrinkage import Fit
 from nas.study.records import RESULT_FAILURES, counts, is_duplicate, scores_by_shape, unreadable_attr
 from reports.leaderboard import leaderboard_of
+from search_spaces.base import Rule
+from search_spaces.catalog import choose_rules, rule_catalog
 
 TRIAL_COLUMNS = ("number", "state", "counted", "key", "seed", "role", "heads", "plateaus", "k", "d_h", "d_model",
                  "layers", "d_model_per_layer", "d_h_over_d_model", "params", "val_loss", "status", "reason",
@@ -37,30 +41,73 @@ class StudyData:
     directions: list[optuna.study.StudyDirection]
     trials: list[FrozenTrial]
     frame: pd.DataFrame  # one row per trial (TRIAL_COLUMNS)
-    scores: dict[str, ShapeScores]  # completed trainings per shape (nas.study.records.scores_by_shape)
+    evidence: Evidence  # the scores, the baseline and the trials' roles, with the shape model's fits made once
     board: pd.DataFrame  # the leaderboard: one row per shape, ranked by the shrunk gain (nas.stats.shrinkage)
-    baseline_key: str | None
     attrs: dict[str, Any] = field(default_factory=dict)  # the study's user attrs
     reruns: pd.DataFrame | None = None  # full-scale re-runs (nas rerun), one row per run; None when there are none
     skipped: list[str] = field(default_factory=list)  # one warning per trial whose stored attrs are unreadable
-    fits: dict[tuple[float, bool], Fit | None] = field(default_factory=dict, repr=False)  # ``model``'s cache
-    ranked_gains: dict[str, ShrunkGain] | None = field(default=None, repr=False)  # ``gains``'s cache
+    answers: dict[tuple[str, ...], Answer] = field(default_factory=dict, repr=False)  # ``answer``'s cache
+
+    @property
+    def scores(self) -> dict[str, ShapeScores]:
+        """Completed trainings per shape (``nas.study.records.scores_by_shape``)."""
+        return self.evidence.scores
+
+    @property
+    def baseline_key(self) -> str | None:
+        return self.evidence.baseline_key
 
     def model(self, min_tau_ratio: float = 0.0, plug_in: bool = False) -> Fit | None:
-        """The shrinkage model of this snapshot's scores (``nas.stats.shrinkage.fit``), fitted once per variant: the
-        board, the answer, its resolution and the adaptive state all read the same fits."""
-        variant = (min_tau_ratio, plug_in)
-        if variant not in self.fits:
-            fixed = self.baseline_key if min_tau_ratio == 0 else None  # the allocation's keeps it a member (adaptive)
-            self.fits[variant] = fit(self.scores, min_tau_ratio, plug_in, baseline=fixed) if self.scores else None
-        return self.fits[variant]
+        """The shape model of this snapshot's scores (``nas.stats.evidence.Evidence.model``), fitted once a variant."""
+        return self.evidence.model(min_tau_ratio, plug_in)
 
     def gains(self) -> dict[str, ShrunkGain]:
-        """Every shape's shrunk gain over the baseline with its robust interval (``nas.stats.board.rank_shapes``
-        on ``model()``), computed once: the answer's interval and its resolution read the same gains."""
-        if self.ranked_gains is None:
-            self.ranked_gains = rank_shapes(self.scores, self.baseline_key, self.model()).gains
-        return self.ranked_gains
+        """Every shape's shrunk gain over the baseline with its robust interval, computed once."""
+        return self.evidence.gains()
+
+    # ----------------------------------------------------------------- shapes and the rules they are read by
+    def archs(self) -> dict[str, ArchConfig]:
+        """Every trained shape by key (the first trial that stored it)."""
+        out: dict[str, ArchConfig] = {}
+        for t in self.trials:
+            key, arch = t.user_attrs.get("key"), t.user_attrs.get("arch")
+            if isinstance(key, str) and isinstance(arch, dict) and key not in out:
+                out[key] = ArchConfig.from_dict(arch)
+        return out
+
+    @property
+    def grouped(self) -> bool:
+        """Whether the study trained a shape with grouped key/value heads."""
+        return any(arch.grouped for arch in self.archs().values())
+
+    def rule_catalog(self) -> tuple[Rule, ...]:
+        """Every rule this study may be read by (``search_spaces.catalog``)."""
+        return rule_catalog(self.space_name, self.grouped)
+
+    def rules(self, names: str | None = None) -> tuple[Rule, ...]:
+        """The default rules of the study's catalog, or those ``names`` lists (``UsageError`` for an unknown one)."""
+        return choose_rules(self.rule_catalog(), names)
+
+    def rule_inputs(self, rules: tuple[Rule, ...]) -> RuleInputs | None:
+        """Each shape's covariates for ``rules`` and the longer budgets' re-runs; None without rules or baseline."""
+        archs = self.archs()
+        baseline = archs.get(self.baseline_key or "")
+        if not rules or baseline is None:
+            return None
+        covariates = {key: tuple(rule.value(arch, baseline) for rule in rules) for key, arch in archs.items()}
+        budgets = () if self.reruns is None or self.reruns.empty else tuple(
+            Budget(str(label), rerun_scores(runs)) for label, runs in self.reruns.groupby("preset", sort=True))
+        return RuleInputs(tuple(rule.name for rule in rules), covariates, budgets)
+
+    def answer(self, rules: tuple[Rule, ...] | None = None) -> Answer:
+        """The study's answer (``nas.stats.answer``) with ``rules`` (default: the catalog's defaults), built once."""
+        rules = self.rules() if rules is None else rules
+        names = tuple(rule.name for rule in rules)
+        if names not in self.answers:
+            kv = {key: arch.kv_cache_bytes_per_token() for key, arch in self.archs().items()} if self.grouped \
+                else None
+            self.answers[names] = build_answer(self.evidence, self.rule_inputs(rules), kv)
+        return self.answers[names]
 
     @property
     def identity(self) -> dict[str, Any]:
@@ -130,12 +177,30 @@ def study_data(name: str, directions: list[optuna.study.StudyDirection], trials:
     """A snapshot from trials and the study's user attrs (what ``read_study`` reads; simulations build them)."""
     trials, skipped = readable_trials(trials)
     frame = pd.DataFrame([_row(t) for t in trials], columns=list(TRIAL_COLUMNS))
-    baseline_key = attrs.get("nas:baseline_key")
-    scores = scores_by_shape(trials)
-    model = fit(scores, baseline=baseline_key) if scores and baseline_key in scores else None
-    return StudyData(name=name, directions=directions, trials=trials, frame=frame, scores=scores,
-                     board=leaderboard_of(trials, baseline_key, model=model), baseline_key=baseline_key, attrs=attrs,
-                     reruns=reruns, skipped=skipped, fits={(0.0, False): model} if model is not None else {})
+    evidence = evidence_of(trials, attrs)
+    board = leaderboard_of(trials, evidence.baseline_key, ranking=evidence.ranking(), scores=evidence.scores) \
+        if evidence.scores else pd.DataFrame()
+    return StudyData(name=name, directions=directions, trials=trials, frame=frame, evidence=evidence, board=board,
+                     attrs=attrs, reruns=reruns, skipped=skipped)
+
+
+def evidence_of(trials: list[FrozenTrial], attrs: dict[str, Any]) -> Evidence:
+    """What the answer reads of these trials (``nas.stats.evidence``): scores, the baseline, the base seed and each
+    trial's role."""
+    roles = tuple(TrialRole(t.user_attrs["key"], int(t.user_attrs.get("seed", 0) or 0), t.user_attrs.get("role"),
+                            counts(t)) for t in trials if isinstance(t.user_attrs.get("key"), str))
+    base_seed = int(((attrs.get("nas:identity") or {}).get("train") or {}).get("seed", 0) or 0)
+    return Evidence(scores_by_shape(trials), attrs.get("nas:baseline_key"), base_seed, roles)
+
+
+def rerun_scores(runs: pd.DataFrame) -> dict[str, ShapeScores]:
+    """One preset's re-runs as scores by the proxy shape's key (seeds and losses), as the statistics read a study's."""
+    out = {}
+    for key, group in runs.groupby("proxy_key"):
+        group = group.sort_values("seed")
+        out[str(key)] = ShapeScores(str(key), tuple(range(len(group))), tuple(int(s) for s in group["seed"]),
+                                    tuple(float(v) for v in group["val_loss"]))
+    return out
 
 
 def readable_trials(trials: list[FrozenTrial]) -> tuple[list[FrozenTrial], list[str]]:

@@ -25,15 +25,7 @@ from reports.leaderboard import expected_gain_text
 from reports.page import Section, render_page, table, text
 from reports.reruns import reruns_section
 from reports.staircases import staircase_section
-from reports.summary import (
-    Summary,
-    allocated_adaptively,
-    board_gain_columns,
-    gain_text,
-    honest_gain,
-    shape_label,
-    summarise,
-)
+from reports.summary import Summary, board_gain_columns, gain_text, kv_sentence, shape_label, summarise
 from reports.training import training_section
 
 PLOTLYJS_MODES = ("inline", "cdn")
@@ -47,8 +39,13 @@ def summary_section(data: StudyData, summary: Summary) -> Section:
     counts = ", ".join(f"{n} {what}" for what, n in summary.counts.items() if n or what in ("complete", "pruned"))
     facts = [{"study": data.name, "space": data.space_name, "preset": data.preset, "data": data.data,
               "objectives": ", ".join(data.objectives), "trials": len(data.trials), "outcomes": counts}]
-    html = (f'<p class="verdict">{text(summary.sentence)}</p>' + table(facts)
-            + table(summary.rows, css="board", formats=SHAPE_FORMATS))
+    html = f'<p class="verdict">{text(summary.sentence)}</p>'
+    if summary.detail:
+        html += f'<p class="note">{text(summary.detail)}</p>'
+    if summary.rule_sentences:
+        html += ('<p class="note">Design rules (the section below has them all):</p><ul class="rules">'
+                 + "".join(f"<li>{text(s[0].upper() + s[1:])}.</li>" for s in summary.rule_sentences) + "</ul>")
+    html += table(facts) + table(summary.rows, css="board", formats=SHAPE_FORMATS)
     if data.skipped:
         html += ('<p class="note">Left out of every figure and number, their stored attributes being unreadable: '
                  + "; ".join(text(line) for line in data.skipped) + ".</p>")
@@ -72,9 +69,9 @@ def leaderboard_section(data: StudyData, summary: Summary, top: int) -> Section:
     shown = data.board[(data.board.index < top) | data.board["is_baseline"]]
     rows = []
     first, second = board_gain_columns(data)
-    adaptive = allocated_adaptively(data)
+    adaptive = data.evidence.adaptive
     for r in shown.itertuples():
-        gain = honest_gain(data, r.key) if r.key != data.baseline_key else None
+        gain = data.evidence.honest_gain(r.key) if r.key != data.baseline_key else None
         credible, paired = expected_gain_text(r), gain_text(data, r.key, gain)
         rows.append({"rank": r.rank, "shape": shape_label(data, r.key), "seeds": r.seeds,
                      first: credible if adaptive else paired, second: paired if adaptive else credible,
@@ -91,7 +88,9 @@ def build_report(data: StudyData, top: int = 10, plotlyjs: str = "inline") -> st
     """The whole page for the snapshot ``data``."""
     summary = summarise(data)
     sections = [summary_section(data, summary), leaderboard_section(data, summary, top),
-                *([kv_cache_section(data, summary)] if has_grouped(data) else []), staircase_section(data),
+                *([kv_cache_section(data, summary.answer, kv_sentence(data, summary.answer.cheapest)
+                                    if summary.answer.cheapest else "")] if has_grouped(data) else []),
+                staircase_section(data),
                 curves_section(data), dynamics_section(data), training_section(data), attention_section(data),
                 reruns_section(data)]
     made = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

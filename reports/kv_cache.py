@@ -5,8 +5,9 @@ A shape's KV cache is what inference keeps per token of context, ``2 sum_l kv_l 
 layer's share by its group size. Each shape of the board is drawn at its KV cache and its ranked loss
 (what ``nas best`` ranks by: the baseline's mean plus the shrunk paired difference), the Pareto front
 of the two joined, the baseline marked. The answer a user wants is the *free lunch*: among the shapes
-the study cannot tell from the best (the summary's tied set), the one with the smallest cache
-(``cheapest_tied``), stated with its share of the baseline's cache (``kv_cache_clause``).
+the study cannot tell from the best (the answer's tied set), the one with the smallest cache
+(``nas.stats.answer.Answer.cheapest``), stated with its share of the baseline's cache
+(``reports.summary.kv_sentence``).
 
 Shown for studies that trained a shape with grouped key/value heads; old studies (no ``kv_heads`` in
 their shapes) read as multi-head attention.
@@ -15,16 +16,14 @@ their shapes) read as multi-head attention.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import plotly.graph_objects as go
 
 from nas.arch import ArchConfig
+from nas.stats.answer import Answer
 from reports.frame import StudyData
 from reports.page import Section, plot_text, table
-
-if TYPE_CHECKING:
-    from reports.summary import Summary
 
 
 @dataclass(frozen=True)
@@ -73,31 +72,11 @@ def pareto_front(points: list[KVPoint]) -> list[KVPoint]:
     return front
 
 
-def cheapest_tied(data: StudyData, tied: list[str]) -> KVPoint | None:
-    """Among ``tied`` (the shapes not distinguishable from the best), the one with the smallest KV cache (the better
-    ranked on equal caches); None when no tied shape is on the board."""
-    points = [p for p in kv_points(data) if p.key in set(tied)]
-    return min(points, key=lambda p: (p.kv_bytes, p.rank)) if points else None
-
-
-def kv_cache_clause(data: StudyData, tied: list[str]) -> str:
-    """The answer sentence's KV-cache clause (empty for a study without grouped shapes): the cheapest shape tied with
-    the best and its cache against the baseline's."""
-    points = {p.key: p for p in kv_points(data)}
-    if not any(p.grouped for p in points.values()):
-        return ""
-    cheapest, base = cheapest_tied(data, tied), points.get(data.baseline_key or "")
-    if cheapest is None or base is None:
-        return ""
-    share = f", {100 * cheapest.kv_bytes / base.kv_bytes:.0f} % of the baseline's {base.kv_bytes:,}"
-    return (f"; the cheapest shape tied with the best is {cheapest.label}: {cheapest.kv_bytes:,} bytes of KV cache "
-            f"per token{share if cheapest.kv_bytes != base.kv_bytes else ', as much as the baseline'}")
-
-
-def kv_cache_figure(data: StudyData, tied: list[str]) -> go.Figure:
+def kv_cache_figure(data: StudyData, answer: Answer) -> go.Figure:
     points = kv_points(data)
     front = pareto_front(points)
-    tied_keys, cheapest = set(tied), cheapest_tied(data, tied)
+    tied_keys = set(answer.tied)
+    cheapest = next((p for p in points if p.key == answer.cheapest), None)
     fig = go.Figure()
     groups = (("other shapes", lambda p: not p.is_baseline and p.key not in tied_keys, "#8a9bb0", "circle", 7),
               ("tied with the best", lambda p: not p.is_baseline and p.key in tied_keys, "#22558c", "circle", 9),
@@ -122,7 +101,7 @@ def kv_cache_figure(data: StudyData, tied: list[str]) -> go.Figure:
     return fig
 
 
-def kv_cache_section(data: StudyData, summary: Summary) -> Section:
+def kv_cache_section(data: StudyData, answer: Answer, cheapest_sentence: str = "") -> Section:
     section = Section("kv-cache", "Loss against KV cache",
                       "Read off what grouped key/value heads cost and save: each shape at its KV cache per token "
                       "and its ranked loss, the Pareto front of the two, the baseline marked; the cheapest shape "
@@ -131,17 +110,15 @@ def kv_cache_section(data: StudyData, summary: Summary) -> Section:
     if not points:
         section.empty = "no shape has completed a training yet"
         return section
-    section.figures.append(kv_cache_figure(data, summary.tied))
+    section.figures.append(kv_cache_figure(data, answer))
     base = next((p for p in points if p.is_baseline), None)
     rows = [{"shape": p.label, "rank": p.rank, "seeds": p.seeds, "ranked loss": p.loss,
              "KV cache bytes/token": p.kv_bytes,
              "vs baseline's cache": p.kv_bytes / base.kv_bytes if base else None,
-             "tied with best": p.key in set(summary.tied)} for p in pareto_front(points)]
+             "tied with best": p.key in set(answer.tied)} for p in pareto_front(points)]
     section.html = ('<p class="note">The Pareto front:</p>'
                     + table(rows, css="board", formats={"ranked loss": "{:.4f}", "KV cache bytes/token": "{:,}",
                                                         "vs baseline's cache": "{:.2f}x"}))
-    clause = kv_cache_clause(data, summary.tied)
-    if clause:
-        text = clause.removeprefix("; ")
-        section.notes.append(text[0].upper() + text[1:] + ".")
+    if cheapest_sentence:
+        section.notes.append(cheapest_sentence)
     return section

@@ -24,7 +24,7 @@ from optuna.trial import FrozenTrial
 from scipy.special import stdtrit
 
 from nas.arch import format_plateaus
-from nas.stats.board import rank_shapes
+from nas.stats.board import Ranking, rank_shapes
 from nas.stats.scores import ShapeScores, mean_by_seed, seed_adjusted_means
 from nas.stats.shrinkage import Fit
 from nas.study.records import scores_by_shape
@@ -48,16 +48,17 @@ def leaderboard(study: optuna.Study, top: int | None = None) -> pd.DataFrame:
 
 
 def leaderboard_of(trials: list[FrozenTrial], baseline_key: str | None, top: int | None = None,
-                   model: Fit | None = None) -> pd.DataFrame:
-    """``leaderboard`` of a list of trials (numbered 0, 1, ... as a study numbers them); ``model``: the shrinkage fit
-    of their scores when the caller has it already."""
-    scores = scores_by_shape(trials)
+                   model: Fit | None = None, ranking: Ranking | None = None,
+                   scores: dict[str, ShapeScores] | None = None) -> pd.DataFrame:
+    """``leaderboard`` of a list of trials (numbered 0, 1, ... as a study numbers them); ``model``, ``ranking`` and
+    ``scores``: the shrinkage fit, the board's order and the scores of these trials when the caller has them."""
+    scores = scores_by_shape(trials) if scores is None else scores
     if not scores:
         return pd.DataFrame()
     base = scores.get(baseline_key)
     adjusted = seed_adjusted_means(scores, baseline_key)
     base_at = mean_by_seed(base) if base is not None else {}
-    board_order = rank_shapes(scores, baseline_key, model)
+    board_order = ranking if ranking is not None else rank_shapes(scores, baseline_key, model)
     ranked, gains = board_order.ranked, board_order.gains
     rows = []
     for key in board_order.order:

@@ -18,11 +18,10 @@ import plotly.graph_objects as go
 from optuna.trial import TrialState
 
 from nas.stats.comparisons import kendall_tau, paired_gain
-from nas.stats.scores import ShapeScores
 from nas.study.records import RERUN_MARK
-from reports.frame import StudyData
+from reports.frame import StudyData, rerun_scores
 from reports.page import Section, plot_text, table, text
-from reports.summary import shape_label, summarise
+from reports.summary import shape_label
 
 
 def read_reruns(storage: optuna.storages.BaseStorage | str, proxy_study: str) -> pd.DataFrame | None:
@@ -41,21 +40,11 @@ def read_reruns(storage: optuna.storages.BaseStorage | str, proxy_study: str) ->
     return pd.DataFrame(rows) if rows else None
 
 
-def full_scores(runs: pd.DataFrame) -> dict[str, ShapeScores]:
-    """The re-runs' scores per proxy shape (seeds and losses), as the statistics read a study's."""
-    out = {}
-    for key, group in runs.groupby("proxy_key"):
-        group = group.sort_values("seed")
-        out[str(key)] = ShapeScores(str(key), tuple(range(len(group))), tuple(int(s) for s in group["seed"]),
-                                    tuple(float(v) for v in group["val_loss"]))
-    return out
-
-
 def held_text(data: StudyData, runs: pd.DataFrame, preset: str) -> str:
     """Whether the answer's pick kept its gain over the baseline at full length: its paired gain on the re-runs'
     common seeds with the 95 % interval (held: the interval above 0; reversed: below; else not resolved)."""
-    pick = summarise(data).best
-    scores = full_scores(runs)
+    pick = data.answer().best
+    scores = rerun_scores(runs)
     if pick is None or pick == data.baseline_key:
         return "the proxy's answer picked the baseline: no gain to check"
     if pick not in scores or data.baseline_key not in scores:

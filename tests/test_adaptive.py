@@ -100,7 +100,7 @@ def test_where_nothing_stands_out_the_tied_set_stays_wide_and_the_plan_is_reprod
     assert [t.user_attrs["key"] for t in trials] == [t.user_attrs["key"] for t in
                                                      play(search, dict.fromkeys(keys, 3.0), noise=0.05, seed=3)]
     summary = summary_of(search, trials)
-    claims = re.search(r"(?<!no shape )beats the baseline", summary.sentence)  # "no shape beats ..." claims nothing
+    claims = re.search(r"(?<![Nn]o shape )beats the baseline", summary.sentence)  # "No shape beats ..." claims nothing
     assert len(summary.tied) >= 3 and not claims, summary.sentence
 
 
@@ -172,13 +172,13 @@ def test_next_shape_trains_the_baseline_when_it_lags_the_pick():
 def test_summarise_fits_each_variant_of_the_model_once(monkeypatch):
     """The board, the answer's interval, its resolution and the adaptive state read one fit per variant of the
     shrinkage model (averaged, floored for the allocation, plug-in for the resolution), not one per question."""
-    import reports.frame
+    import nas.stats.evidence
 
     search = search_of(trials=8 + 24, replicates="adaptive")
     keys = [a.key() for a in search.members()]
     trials = play(search, {k: 3.0 + 0.01 * i for i, k in enumerate(keys)}, noise=0.04)
     calls: list[tuple] = []
-    real = reports.frame.fit
+    real = nas.stats.evidence.fit
 
     def counted(scores, min_tau_ratio=0.0, plug_in=False, known=None, baseline=None):
         calls.append((min_tau_ratio, plug_in, baseline))
@@ -186,7 +186,7 @@ def test_summarise_fits_each_variant_of_the_model_once(monkeypatch):
         assert baseline == (search.baseline.key() if min_tau_ratio == 0 else None), (min_tau_ratio, baseline)
         return real(scores, min_tau_ratio, plug_in, known, baseline)
 
-    monkeypatch.setattr(reports.frame, "fit", counted)
+    monkeypatch.setattr(nas.stats.evidence, "fit", counted)
     import nas.stats.adaptive
     import nas.stats.resolution
     import nas.stats.shrinkage

@@ -21,7 +21,7 @@ from nas.study.records import shape_attrs
 from reports.export import export_rows
 from reports.frame import read_study
 from reports.html import build_report
-from reports.kv_cache import cheapest_tied, kv_points, pareto_front
+from reports.kv_cache import kv_points, pareto_front
 from reports.summary import summarise
 from runners.presets import get_preset
 from search_spaces.factory import SpaceOptions, build_space
@@ -88,9 +88,9 @@ def test_the_report_draws_loss_against_kv_cache_and_the_answer_names_the_cheapes
     summary = summarise(data)
     mqa = BASE.replace(kv_heads=[1] * 4)
     assert mqa.key() in summary.tied and BASE.replace(heads=[1, 1, 4, 4]).key() not in summary.tied
-    assert cheapest_tied(data, summary.tied).key == mqa.key()
-    assert summary.sentence.endswith(f"; the cheapest shape tied with the best is {mqa.label()}: 128 bytes of KV "
-                                     "cache per token, 25 % of the baseline's 512")
+    assert summary.answer.cheapest == mqa.key()
+    assert summary.detail.endswith(f"The cheapest shape tied with the best is {mqa.label()}: 128 bytes of KV "
+                                   "cache per token, 25 % of the baseline's 512.")
     points = kv_points(data)
     assert {p.kv_bytes for p in points} == {512, 256, 128} and [p.kv_bytes for p in pareto_front(points)][0] == 128
     html = build_report(data)
@@ -104,7 +104,7 @@ def test_the_report_draws_loss_against_kv_cache_and_the_answer_names_the_cheapes
     from reports.dashboard_note import note_text
 
     note = note_text(data)  # optuna-dashboard's note: the same sentence, the shapes with their key/value heads
-    assert "kv=1x4" in note and "the cheapest shape tied with the best" in note
+    assert "kv=1x4" in note and "The cheapest shape tied with the best" in note
 
 
 def test_a_study_without_grouped_shapes_has_no_kv_section_and_keeps_its_sentence():
@@ -123,7 +123,8 @@ def test_nas_best_shows_key_value_heads_and_their_cache_for_a_grouped_study(tmp_
     grouped_study(storage)
     result = CliRunner().invoke(app, ["best", "--storage", storage, "--study-name", "gqa"])
     assert result.exit_code == 0, result.output
-    header, *lines = result.stdout.splitlines()[1:]
+    lines = result.stdout.splitlines()
+    header = next(line for line in lines if line.lstrip().startswith("rank"))
     assert "kv heads" in header and "KV B/tok" in header
     assert any("1x4" in line and " 128 " in line for line in lines)
 

@@ -55,7 +55,8 @@ def test_a_study_without_adaptive_replicates_is_one_line(tmp_path: Path) -> None
     assert proc.returncode == 2 and "does not exist" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "none.db").exists()
     data = adaptive_study()
-    data.trials = [t for t in data.trials if t.user_attrs.get("role") not in ("adaptive", "adaptive-confirm")]
+    trials = [t for t in data.trials if t.user_attrs.get("role") not in ("adaptive", "adaptive-confirm")]
+    data = study_data("first pass", data.directions, trials, data.attrs)
     with pytest.raises(ValueError, match="paired t-test"):
         check(data, draws=10)
 

@@ -110,7 +110,6 @@ def test_the_fixed_policys_interval_is_simultaneous_over_every_shape_that_receiv
     simultaneous over them (level ``1 - 0.05 / m``), as the race's is over its candidates; a shape the pick was not
     chosen among keeps the plain 95 % interval."""
     from nas.stats.comparisons import ALPHA, paired_gain
-    from reports.summary import honest_gain, interval_alpha, replicated, selecting_seeds
 
     search = search_of(trials=8 + 30, replicates="fixed")
     keys = [a.key() for a in search.members()]
@@ -120,15 +119,16 @@ def test_the_fixed_policys_interval_is_simultaneous_over_every_shape_that_receiv
     trials = play(search, means, noise=0.03, seed=4)
     data = study_data("fixed", [optuna.study.StudyDirection.MINIMIZE], trials,
                       {"nas:baseline_key": baseline, "nas:identity": {"train": {"seed": 0}}})
-    chosen_among = replicated(data)
+    evidence = data.evidence
+    chosen_among = evidence.replicated()
     assert 4 <= len(chosen_among) < len(keys) - 1 and baseline not in chosen_among  # the top 4, and any that left it
     pick = summarise(data).best
-    assert pick in chosen_among and interval_alpha(data, pick) == pytest.approx(ALPHA / len(chosen_among))
-    gain = honest_gain(data, pick)
-    plain = paired_gain(data.scores[pick], data.scores[baseline], selecting_seeds(data, pick))
+    assert pick in chosen_among and evidence.interval_alpha(pick) == pytest.approx(ALPHA / len(chosen_among))
+    gain = evidence.honest_gain(pick)
+    plain = paired_gain(data.scores[pick], data.scores[baseline], evidence.selecting_seeds(pick))
     assert gain.low_pct < plain.low_pct and gain.high_pct > plain.high_pct  # wider than the unadjusted one
     outside = next(k for k in keys if k not in chosen_among and k != baseline)
-    assert interval_alpha(data, outside) == ALPHA
+    assert evidence.interval_alpha(outside) == ALPHA
 
 
 @pytest.mark.parametrize("replicates", ["race", "fixed"])

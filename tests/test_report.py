@@ -153,11 +153,13 @@ def test_the_summary_sentence_names_a_real_gain_and_otherwise_the_tied_set():
     # interval (and so no minimum detectable gain: one paired seed tests nothing the answer states)
     data = read_study(synthetic_study(SyntheticSpec(space="prism", trials=135, seed=2)))
     short = summarise(data)
-    assert short.sentence.startswith("no shape is distinguishable from the baseline at this proxy budget; ")
-    assert "; the tied set is " in short.sentence and data.scores[short.best].n >= 2
-    assert short.gain is not None and not short.gain.significant
-    assert "how small a gain this study could detect is not known yet" in short.sentence
+    # the first sentence is the verdict and its resolution, in one breath; the tied set is a count and a pointer
+    assert short.sentence == ("No shape is distinguishable from the baseline at this proxy; how small a gain this "
+                              "study could detect is not known yet.")
+    assert data.scores[short.best].n >= 2 and short.gain is not None and not short.gain.significant
     assert short.best in short.tied and len(short.tied) > 10
+    assert f"{len(short.tied) - 1} other shapes are tied with the best (the leaderboard's 'tied' column)" in \
+        short.detail and "h=" not in short.detail
     study = optuna.create_study(study_name="clear")
     base, better = uniform(4, 32, 4, 256), uniform(4, 32, 4, 256).replace(heads=[2, 2, 4, 4])
     study.set_user_attr("nas:baseline_key", base.key())

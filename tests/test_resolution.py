@@ -77,7 +77,7 @@ def test_a_study_with_known_noise_states_the_gain_it_could_have_detected():
     assert res is not None and res.sd == pytest.approx(0.05, rel=0.3) and res.n == 11  # seed 0 selected the leader
     assert res.gain == pytest.approx(detectable_gain(res.sd, 11, res.alpha))
     assert "this study would have detected a gain of" in summary.sentence and "not a smaller one" in summary.sentence
-    assert f"{res.gain_pct:.2f} %" in summary.sentence and "a 1 % gain needs" in summary.sentence
+    assert f"{res.gain_pct:.2f} %" in summary.sentence and "a 1 % gain needs" in summary.detail
 
 
 def test_a_real_gain_well_above_the_resolution_is_found_and_carries_it():
@@ -154,4 +154,4 @@ def test_the_allocation_limit_is_an_even_split_of_the_replicates_on_common_seeds
     assert summary.resolution is not None and summary.limit is not None  # 20 replicate trials: 11 paired seeds
     assert summary.limit.n == 11 and summary.limit.gain <= summary.resolution.gain
     assert f"allocation limit at this noise and 20 replicate trials is {summary.limit.gain_pct:.2f} %" in \
-        summary.sentence
+        summary.detail

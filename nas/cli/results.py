@@ -64,7 +64,7 @@ def best(
     from reports.export import export_rows
     from reports.frame import read_study
     from reports.leaderboard import expected_gain_text
-    from reports.summary import allocated_adaptively, summarise
+    from reports.summary import summarise
 
     if top < 1:
         raise UsageError(f"--top {top} is invalid: give at least 1")
@@ -77,14 +77,17 @@ def best(
     if not rows:
         typer.echo("no completed trials yet")
         return
-    typer.echo(summarise(data).sentence)
+    summary = summarise(data)
+    for line in (summary.sentence, summary.detail, summary.rules_text):
+        if line:
+            typer.echo(line)
     grouped = any(r["kv_heads"] not in (None, r["heads"]) for r in rows)  # a KV column for grouped-query studies
 
     def kv(r: dict) -> str:
         return f" {r['kv_heads'] or '':<20} {r['kv_cache_bytes_per_token'] or 0:>8,}" if grouped else ""
 
     kv_head = f" {'kv heads':<20} {'KV B/tok':>8}" if grouped else ""
-    adaptive = allocated_adaptively(data)
+    adaptive = data.evidence.adaptive
     first, second = ("expected gain % [95%]*", "paired gain % [95% CI]") if adaptive else \
         ("paired gain % [95% CI]*", "expected gain % [95%]")
     typer.echo(f"{'rank':>4}  {'heads':<28}{kv_head} {'K':>2} {'d_h':>5} {'d':>5} {'L':>3} {'seeds':>5}  "

@@ -136,10 +136,12 @@ def search(
     for note in result.notes[progress.notes_shown:]:
         typer.echo(f"warning: {note}", err=True)
     from reports.frame import read_study
-    from reports.summary import resolution_text, summarise
+    from reports.summary import summarise
 
     name, shown = shlex.quote(result.config.study_name), shlex.quote(display_url(storage))
-    answer = summarise(read_study(result.study))
-    typer.echo(f"done: study {result.config.study_name!r} holds {trials_done(result.study)} trained trials; "
-               f"{resolution_text(answer.resolution)}. Next: nas best --study-name {name} --storage {shown}; "
+    summary = summarise(read_study(result.study))
+    rules = f" {summary.rules_text}" if summary.rules_text else ""
+    typer.echo(f"done: study {result.config.study_name!r} holds {trials_done(result.study)} trained trials. "
+               f"{summary.sentence}{rules} Next: nas best --study-name {name} --storage {shown}; "
+               f"nas rules --study-name {name} --storage {shown}; "
                f"nas report --study-name {name} --storage {shown} -o report.html", err=True)

@@ -112,11 +112,23 @@ class Resolution:
         """``a gain of 6.17 % (0.188 nats) or more (80 % power, 8 paired seeds, paired sd 0.108)``; after adaptive
         replicates ``... (80 % power of its 95 % credible interval, 28 seeds of the leader, 2 of the baseline,
         paired sd 0.108)``."""
-        head = f"a gain of {self.gain_pct:.2f} % ({self.gain:.3f} nats) or more ({100 * POWER:.0f} % power"
+        return f"{self.gain_text()} ({self.power_text()})"
+
+    def short_text(self) -> str:
+        """``a gain of 6.17 % (0.188 nats) or more (80 % power)``: what the answer's first sentence says."""
+        return f"{self.gain_text()} ({100 * POWER:.0f} % power)"
+
+    def gain_text(self) -> str:
+        return f"a gain of {self.gain_pct:.2f} % ({self.gain:.3f} nats) or more"
+
+    def power_text(self) -> str:
+        """``80 % power of its 95 % credible interval, 28 seeds of the leader, 2 of the baseline, paired sd 0.108``
+        after adaptive replicates, else ``80 % power, 8 paired seeds, paired sd 0.108``."""
+        head = f"{100 * POWER:.0f} % power"
         if self.baseline_n is not None:
             return (f"{head} of its {100 * (1 - self.alpha):.0f} % credible interval, {_count(self.n, 'seed')} of "
-                    f"the leader, {self.baseline_n} of the baseline, paired sd {self.sd:.3f})")
-        return f"{head}, {_count(self.n, 'paired seed')}, paired sd {self.sd:.3f})"
+                    f"the leader, {self.baseline_n} of the baseline, paired sd {self.sd:.3f}")
+        return f"{head}, {_count(self.n, 'paired seed')}, paired sd {self.sd:.3f}"
 
     def needs_text(self) -> str:
         """``a 1 % gain needs 166 paired seeds per shape, a 0.5 % gain 650``."""

@@ -1,0 +1,95 @@
+"""The design rules in words: one sentence a rule, with its budget and its fidelity at a longer one.
+
+A rule's effect is stated for the change its catalog names (``search_spaces.base.Rule.change``): ``halving the first
+layer's heads: +1.47 % [+0.87, +2.07] of the loss at this proxy, 200 runs over 129 shapes; not yet checked at a longer
+budget``, the per-unit estimate of ``nas.stats.rules`` times ``Rule.per_change``, in % of the baseline's mean loss. A
+rule and its square (the width-depth U) are stated as the U's bottom with Fieller's interval.
+"""
+
+from __future__ import annotations
+
+from nas.stats.answer import RuleAnswer, RuleCheck
+from nas.stats.rules import RESOLVED, Optimum, RuleEstimate, RuleFit
+from search_spaces.base import Rule
+
+AT_PROXY = "at this proxy"
+
+
+def change_pct(rule: Rule, estimate: RuleEstimate) -> tuple[float, float, float] | None:
+    """The rule's change (``Rule.per_change`` units) as % of the baseline's loss: (effect, low, high)."""
+    if estimate.estimate is None or estimate.low is None or estimate.high is None or not estimate.baseline_loss:
+        return None
+    values = [100 * rule.per_change * v / estimate.baseline_loss for v in (estimate.estimate, estimate.low,
+                                                                            estimate.high)]
+    return values[0], min(values[1:]), max(values[1:])
+
+
+def effect_text(rule: Rule, estimate: RuleEstimate) -> str:
+    """``+1.47 % [+0.87, +2.07] of the loss``; why there is no number otherwise."""
+    if estimate.confounded_with is not None:
+        return f"confounded with {estimate.confounded_with} (never varied apart from it: no number)"
+    effect = change_pct(rule, estimate)
+    if effect is None:
+        return estimate.verdict
+    return f"{effect[0]:+.2f} % [{effect[1]:+.2f}, {effect[2]:+.2f}] of the loss"
+
+
+def runs_text(fit: RuleFit) -> str:
+    return f"{fit.runs} runs over {fit.shapes} shapes"
+
+
+def checks_text(rule: Rule, checks: tuple[RuleCheck, ...]) -> str:
+    """``held at cpu-long (+0.62 % [+0.11, +1.13] of the loss)`` for each longer budget, or that there is none."""
+    if not checks:
+        return "not yet checked at a longer budget"
+    return "; ".join(f"{c.verdict} at {c.budget} ({effect_text(rule, c.estimate)})" for c in checks)
+
+
+def rule_sentence(rule: Rule, fit: RuleFit, answer: RuleAnswer | None = None) -> str:
+    """One rule, at this proxy and every longer budget (module docstring)."""
+    estimate = fit.estimate(rule.name)
+    checks = answer.checks(rule.name) if answer is not None else ()
+    return f"{rule.change}: {effect_text(rule, estimate)} {AT_PROXY}, {runs_text(fit)}; {checks_text(rule, checks)}"
+
+
+def optimum_text(optimum: Optimum | None) -> str | None:
+    """``lowest near d_model/L = 215 [150, 310]`` for a U in log2 units; None when its bottom is not resolved."""
+    if optimum is None or optimum.x is None or optimum.low is None or optimum.high is None:
+        return None
+    return f"lowest near d_model/L = {2 ** optimum.x:.0f} [{2 ** optimum.low:.0f}, {2 ** optimum.high:.0f}]"
+
+
+def u_sentence(square: Rule, answer: RuleAnswer) -> str | None:
+    """The width-depth U of a rule and its square: its bottom at this proxy and at each longer budget; None unless the
+    proxy resolves its curvature."""
+    fit = answer.proxy
+    if fit is None or square.square_of is None or fit.estimate(square.name).verdict != RESOLVED:
+        return None
+    bottom = optimum_text(fit.optimum(square.square_of, square.name))
+    if bottom is None:
+        return None
+    longer = []
+    for check in answer.checks(square.name):
+        other = dict(answer.budgets)[check.budget]
+        there = optimum_text(other.optimum(square.square_of, square.name)) if other is not None else None
+        longer.append(f"curvature {check.verdict} at {check.budget}" + (f", {there}" if there else ""))
+    tail = "; ".join(longer) or "not yet checked at a longer budget"
+    return f"the width-depth curve is a U, {bottom} {AT_PROXY}, {runs_text(fit)}; {tail}"
+
+
+def resolved_sentences(answer: RuleAnswer | None, rules: tuple[Rule, ...]) -> list[str]:
+    """One sentence per rule resolved at the proxy (the U as its bottom), for the answer's short forms."""
+    if answer is None or answer.proxy is None:
+        return []
+    fit, out = answer.proxy, []
+    squared = {rule.square_of for rule in rules if rule.square_of in fit.names and rule.name in fit.names}
+    for rule in rules:
+        if rule.name not in fit.names:
+            continue
+        if rule.square_of in squared:
+            sentence = u_sentence(rule, answer)
+            if sentence:
+                out.append(sentence)
+        elif rule.name not in squared and fit.estimate(rule.name).verdict == RESOLVED:
+            out.append(rule_sentence(rule, fit, answer))
+    return out
