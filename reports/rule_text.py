@@ -93,3 +93,82 @@ def resolved_sentences(answer: RuleAnswer | None, rules: tuple[Rule, ...]) -> li
         elif rule.name not in squared and fit.estimate(rule.name).verdict == RESOLVED:
             out.append(rule_sentence(rule, fit, answer))
     return out
+
+
+def estimate_json(rule: Rule, estimate: RuleEstimate) -> dict[str, object]:
+    """One rule's numbers as ``nas rules --format json`` gives them (nats per unit; None where there is none)."""
+    effect = change_pct(rule, estimate)
+    interval = [estimate.low, estimate.high] if estimate.low is not None else None
+    return {"name": rule.name, "unit": rule.unit, "estimate": estimate.estimate, "ci95": interval,
+            "percent": estimate.percent(estimate.estimate), "mdg": estimate.mdg, "verdict": estimate.verdict,
+            "confounded_with": estimate.confounded_with, "sd": estimate.sd, "df": estimate.df or None,
+            "change": rule.change, "change_percent": effect[0] if effect else None,
+            "change_ci95": [effect[1], effect[2]] if effect else None}
+
+
+def fit_json(fit: RuleFit | None, rules: tuple[Rule, ...]) -> dict[str, object]:
+    """A fit's size, its variance components, every rule and the U's bottom (in d_model/L)."""
+    if fit is None:
+        return {"runs": 0, "shapes": 0, "rules": []}
+    optima = []
+    for rule in rules:
+        if rule.square_of and rule.square_of in fit.names and rule.name in fit.names:
+            optimum = fit.optimum(rule.square_of, rule.name)
+            if optimum is not None and optimum.x is not None:
+                bounded = optimum.low is not None and optimum.high is not None
+                optima.append({"rule": rule.square_of, "log2_d_over_L": optimum.x, "d_over_L": 2 ** optimum.x,
+                               "d_over_L_ci95": [2 ** optimum.low, 2 ** optimum.high] if bounded else None})
+    return {"runs": fit.runs, "shapes": fit.shapes, "seeds": fit.seeds, "tau": fit.tau, "sigma": fit.sigma,
+            "baseline_loss": fit.baseline_loss, "rules": [estimate_json(r, fit.estimate(r.name)) for r in rules],
+            "optimum": optima}
+
+
+def rules_json(study: str, preset: str, answer: RuleAnswer | None, rules: tuple[Rule, ...]) -> dict[str, object]:
+    """``nas rules --format json``: the study's rules at its proxy, then at every longer budget with each rule's
+    fidelity verdict (``nas.stats.rules.fidelity``)."""
+    proxy = answer.proxy if answer is not None else None
+    out: dict[str, object] = {"study": study, "preset": preset, **fit_json(proxy, rules), "fidelity": []}
+    for label, fit in (answer.budgets if answer is not None else ()):
+        entry = {"budget": label, **fit_json(fit, rules)}
+        verdicts = {rule.name: next((c.verdict for c in answer.checks(rule.name) if c.budget == label), None)
+                    for rule in rules}
+        for row in entry["rules"]:  # type: ignore[attr-defined]
+            row["fidelity"] = verdicts.get(row["name"])
+        out["fidelity"].append(entry)  # type: ignore[attr-defined]
+    return out
+
+
+def signed(value: float | None, digits: int = 4) -> str:
+    return "-" if value is None else f"{value:+.{digits}f}"
+
+
+def table_lines(fit: RuleFit, rules: tuple[Rule, ...], title: str, answer: RuleAnswer | None = None,
+                budget: str | None = None) -> list[str]:
+    """One budget's rules as a table: estimate (nats per unit) with its 95 % interval, % of the baseline's loss, the
+    minimum detectable effect, the verdict and, at a longer budget, the fidelity."""
+    head = (f"{title}: {fit.runs} runs over {fit.shapes} shapes and {fit.seeds} seeds; shape sd beyond the rules "
+            f"{fit.tau:.3f} nats, run sd {fit.sigma:.3f}")
+    width = max([len(r.name) for r in rules] + [4])
+    unit_width = max([len(r.unit) for r in rules] + [4])
+    lines = [head, f"  {'rule':<{width}}  {'unit':<{unit_width}}  {'estimate [95 %] (nats/unit)':<31}  "
+                   f"{'% loss':>7}  {'MDE 80 %':>8}  verdict" + ("  fidelity" if budget else "")]
+    for rule in rules:
+        e = fit.estimate(rule.name)
+        if e.estimated:
+            number = f"{signed(e.estimate)} [{signed(e.low)}, {signed(e.high)}]"
+            share, mdg = f"{e.percent(e.estimate):+.2f}" if e.baseline_loss else "-", f"{e.mdg:.4f}"
+        else:
+            number, share, mdg = ("(with " + str(e.confounded_with) + ")" if e.confounded_with else "-"), "-", "-"
+        verdict = e.verdict
+        fidelity_verdict = ""
+        if budget and answer is not None:
+            fidelity_verdict = next((f"  {c.verdict}" for c in answer.checks(rule.name) if c.budget == budget), "")
+        lines.append(f"  {rule.name:<{width}}  {rule.unit:<{unit_width}}  {number:<31}  {share:>7}  {mdg:>8}  "
+                     f"{verdict}{fidelity_verdict}")
+    for rule in rules:
+        if rule.square_of and rule.square_of in fit.names and rule.name in fit.names:
+            bottom = optimum_text(fit.optimum(rule.square_of, rule.name))
+            lines.append(f"  the width-depth U: {bottom}" if bottom else
+                         "  the width-depth U: its bottom is not resolved (the curvature's interval holds 0 or the "
+                         "curve opens downwards)")
+    return lines

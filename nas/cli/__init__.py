@@ -9,7 +9,7 @@ from nas.cli.app import app
 from nas.cli.streams import guard_standard_streams
 
 # isort: off
-from nas.cli import search, results, runs, rerun, tools, space  # noqa: F401  (registers the commands, in --help order)
+from nas.cli import search, results, rules, runs, rerun, tools, space  # noqa: F401  (registers the commands, in --help order)
 # isort: on
 
 app.add_typer(space.space_app, name="space")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -16,8 +17,14 @@ from nas.study.config import DEFAULT_STORAGE, display_url
 from nas.units import parse_size
 
 if TYPE_CHECKING:
-    from nas.rerun.plan import ProxyRanking
+    import optuna
+
+    from nas.data import TokenData
+    from nas.rerun.launch import LaunchOptions
+    from nas.rerun.plan import PlannedRun, PlannedShape, ProxyRanking, RerunSettings
     from reports.frame import StudyData
+    from runners.config import TrainConfig
+    from runners.presets import Preset
 
 
 def proxy_ranking(data: StudyData) -> ProxyRanking:
@@ -32,6 +39,121 @@ def proxy_ranking(data: StudyData) -> ProxyRanking:
         if isinstance(key, str) and isinstance(arch, dict) and key not in archs:
             archs[key] = ArchConfig.from_dict(arch)
     return ProxyRanking(data.name, data.baseline_key, ranked, archs, data.space)
+
+
+@dataclass(frozen=True)
+class Target:
+    """A re-run's target as the command line gives it, checked: the preset, its training setup after ``--tokens``,
+    the data, and how each run is launched."""
+
+    preset: Preset
+    train: TrainConfig
+    dataset: TokenData
+    options: LaunchOptions
+
+
+def check_target(preset: str, tokens: str | None, data: str, nproc: int, device: str | None, compile: bool | None,
+                 micro_batch: int = 0, checkpoint_every: int = 0, threads: int = 0) -> Target:
+    """Every option of a re-run checked before anything is written (``UsageError`` in one line): the preset, the
+    tokens, the device (and whether it compiles there), the data and the split of the global batch."""
+    from nas.data import load_data
+    from nas.rerun.launch import LaunchOptions
+    from runners.device import compiles_by_default, resolve_device
+    from runners.presets import get_preset
+
+    for flag, value in (("--nproc", nproc),):
+        if value < 1:
+            raise UsageError(f"{flag} {value} is invalid: give at least 1")
+    for flag, value in (("--micro-batch", micro_batch), ("--checkpoint-every", checkpoint_every),
+                        ("--threads", threads)):
+        if value < 0:
+            raise UsageError(f"{flag} {value} is invalid: give 0 or a positive number")
+    target = get_preset(preset)
+    budget = parse_size(tokens, "--tokens") if tokens is not None else None
+    given = {"tokens": budget, "device": device}
+    target.train.with_(**{name: value for name, value in given.items() if value is not None})  # checks them
+    if device not in (None, "auto", "cpu"):
+        resolve_device(device)
+    if compile is None:  # by default on a GPU: where the runs will train
+        name = device or target.train.device
+        compile = name.startswith("cuda") or compiles_by_default(resolve_device(name))
+    dataset = load_data(data)  # a bad --data is refused here, not by the first run's process
+    if target.train.batch_size % nproc:
+        raise UsageError(f"--nproc {nproc} does not divide the preset's global batch of {target.train.batch_size} "
+                         "sequences")
+    if target.baseline.vocab_size < dataset.vocab_size:
+        raise UsageError(f"preset {preset} has a vocabulary of {target.baseline.vocab_size}, below the data's "
+                         f"{dataset.vocab_size}")
+    options = LaunchOptions(preset=preset, data=data, tokens=budget, nproc=nproc, device=device, compile=compile,
+                            micro_batch=micro_batch, checkpoint_every=checkpoint_every, threads=threads)
+    return Target(target, target.train.with_(**({"tokens": budget} if budget else {})), dataset, options)
+
+
+@dataclass
+class RerunBatch:
+    """The runs one command makes at a target, and where they are recorded: what ``train_runs`` trains."""
+
+    proxy: StudyData
+    target: Target
+    planned: list[PlannedRun]
+    results: optuna.Study  # the re-run study at this target (nas.rerun.record.rerun_study)
+    settings: RerunSettings
+    storage: optuna.storages.BaseStorage  # the writable storage both studies live in
+
+
+def open_batch(proxy: StudyData, target: Target, shapes: list[PlannedShape], seeds: int, runs: Path,
+               storage: str) -> RerunBatch:
+    """The planned runs of ``shapes`` x ``seeds`` and the re-run study they are recorded in (made when missing)."""
+    from nas.rerun.plan import RerunSettings, plan_runs
+    from nas.rerun.record import rerun_study
+    from nas.study.storage import make_storage
+
+    settings = RerunSettings(proxy.name, proxy.identity, target.preset.name,
+                             {**target.train.result_fields(), "seed": None}, target.dataset.fingerprint)
+    runs_dir = output_folder(runs, "--runs")  # made at the first launch when missing
+    planned = plan_runs(shapes, seeds, runs_dir, settings)
+    variant = f"{target.train.tokens:,} tokens, data {target.options.data}"
+    writable = make_storage(storage)
+    results = rerun_study(writable, settings, variant, {
+        "nas:proxy_preset": proxy.preset, "nas:tokens": target.train.tokens, "nas:data": target.options.data})
+    return RerunBatch(proxy, target, planned, results, settings, writable)
+
+
+def train_runs(batch: RerunBatch) -> None:
+    """Train every planned run not recorded yet, one after another, and record each (a run interrupted before is
+    resumed from its checkpoint); one line a run with its loss and the time left. Ctrl-C: exit 130, what finished is
+    recorded and the same command resumes."""
+    import time
+
+    from nas.rerun.launch import launch, read_result
+    from nas.rerun.record import record, recorded
+    from nas.units import format_duration
+
+    done = recorded(batch.results, batch.settings)
+    started, trained = time.perf_counter(), 0
+    left = sum((run.shape.proxy_key, run.seed) not in done for run in batch.planned)
+    try:
+        for i, run in enumerate(batch.planned, start=1):
+            what = (f"[{i}/{len(batch.planned)}] {run.shape.role} (proxy rank {run.shape.proxy_rank}) "
+                    f"{run.target.label()} seed {run.seed}")
+            if (run.shape.proxy_key, run.seed) in done:
+                typer.echo(f"{what}: recorded already", err=True)
+                continue
+            result = read_result(run.folder)
+            if result is None:
+                typer.echo(f"{what}: training in {run.folder}", err=True)
+                code, result = launch(run, batch.target.options)
+                if result is None or result.get("status") not in ("ok", "diverged"):
+                    raise UsageError(f"{what} stopped with exit code {code}; see {run.folder / 'log.jsonl'} and "
+                                     "re-run the same command to resume it")
+            record(batch.results, run, result, list(batch.proxy.scores[run.shape.proxy_key].trials), batch.settings)
+            trained += 1
+            eta = (time.perf_counter() - started) / trained * (left - trained)
+            typer.echo(f"{what}: val loss {result.get('val_loss')}, {result.get('tokens_per_s', 0):,.0f} tok/s"
+                       + (f" | ETA {format_duration(eta)}" if left > trained else ""), err=True)
+    except KeyboardInterrupt:
+        typer.echo("interrupted: finished runs are recorded; re-run the same command to resume", err=True)
+        raise typer.Exit(130) from None
 
 
 @app.command()
@@ -65,82 +187,26 @@ def rerun(
     """Re-run the top shapes and the baseline at a target preset, one run after another, and write the results
     beside the study (nas report then shows proxy rank against full rank). The same command skips finished runs
     and resumes unfinished ones."""
-    from nas.rerun.launch import LaunchOptions, launch, read_result
-    from nas.rerun.plan import RerunSettings, plan_runs, plan_shapes
-    from nas.rerun.record import record, recorded, rerun_study
+    from nas.rerun.plan import plan_shapes
     from nas.stats.comparisons import kendall_tau
-    from nas.study.storage import make_storage, open_existing_study
+    from nas.study.storage import open_existing_study
     from reports.frame import read_study
     from reports.reruns import read_reruns
-    from runners.presets import get_preset
 
-    for flag, value in (("--top", top), ("--seeds", seeds), ("--nproc", nproc)):
+    for flag, value in (("--top", top), ("--seeds", seeds)):
         if value < 1:
             raise UsageError(f"{flag} {value} is invalid: give at least 1")
-    for flag, value in (("--micro-batch", micro_batch), ("--checkpoint-every", checkpoint_every),
-                        ("--threads", threads)):
-        if value < 0:
-            raise UsageError(f"{flag} {value} is invalid: give 0 or a positive number")
-    target = get_preset(preset)
-    budget = parse_size(tokens, "--tokens") if tokens is not None else None
-    given = {"tokens": budget, "device": device}
-    target.train.with_(**{name: value for name, value in given.items() if value is not None})  # checks them
-    from runners.device import compiles_by_default, resolve_device
-
-    if device not in (None, "auto", "cpu"):
-        resolve_device(device)
-    if compile is None:  # by default on a GPU: where the runs will train
-        name = device or target.train.device
-        compile = name.startswith("cuda") or compiles_by_default(resolve_device(name))
-    from nas.data import load_data
-
-    dataset = load_data(data)  # a bad --data is refused here, not by the first run's process
-    if target.train.batch_size % nproc:
-        raise UsageError(f"--nproc {nproc} does not divide the preset's global batch of {target.train.batch_size} "
-                         "sequences")
+    target = check_target(preset, tokens, data, nproc, device, compile, micro_batch, checkpoint_every, threads)
     study, _ = open_existing_study(storage, study_name)
     proxy = read_study(study)
-    shapes = plan_shapes(proxy_ranking(proxy), target, top)
-    if target.baseline.vocab_size < dataset.vocab_size:
-        raise UsageError(f"preset {preset} has a vocabulary of {target.baseline.vocab_size}, below the data's "
-                         f"{dataset.vocab_size}")
+    shapes = plan_shapes(proxy_ranking(proxy), target.preset, top)
     for shape in shapes:
         if not shape.transfer.ok:
             typer.echo(f"skipped rank {shape.proxy_rank} ({shape.proxy_key}): {shape.transfer.refused}", err=True)
-    run_train = target.train.with_(**({"tokens": budget} if budget else {}))
-    settings = RerunSettings(proxy.name, proxy.identity, preset, {**run_train.result_fields(), "seed": None},
-                             dataset.fingerprint)
-    runs_dir = output_folder(runs, "--runs")  # made at the first launch when missing
-    planned = plan_runs(shapes, seeds, runs_dir, settings)
-    writable = make_storage(storage)
-    variant = f"{run_train.tokens:,} tokens, data {data}"
-    results = rerun_study(writable, settings, variant, {"nas:proxy_preset": proxy.preset,
-                                                      "nas:tokens": run_train.tokens, "nas:data": data})
-    done = recorded(results, settings)
-    options = LaunchOptions(preset=preset, data=data, tokens=budget, nproc=nproc, device=device, compile=compile,
-                            micro_batch=micro_batch, checkpoint_every=checkpoint_every, threads=threads)
-    try:
-        for i, run in enumerate(planned, start=1):
-            what = (f"[{i}/{len(planned)}] {run.shape.role} (proxy rank {run.shape.proxy_rank}) "
-                    f"{run.target.label()} seed {run.seed}")
-            if (run.shape.proxy_key, run.seed) in done:
-                typer.echo(f"{what}: recorded already", err=True)
-                continue
-            result = read_result(run.folder)
-            if result is None:
-                typer.echo(f"{what}: training in {run.folder}", err=True)
-                code, result = launch(run, options)
-                if result is None or result.get("status") not in ("ok", "diverged"):
-                    raise UsageError(f"{what} stopped with exit code {code}; see {run.folder / 'log.jsonl'} and "
-                                     "re-run the same command to resume it")
-            record(results, run, result, list(proxy.scores[run.shape.proxy_key].trials), settings)
-            typer.echo(f"{what}: val loss {result.get('val_loss')}, {result.get('tokens_per_s', 0):,.0f} tok/s",
-                       err=True)
-    except KeyboardInterrupt:
-        typer.echo("interrupted: finished runs are recorded; re-run the same command to resume", err=True)
-        raise typer.Exit(130) from None
-    reruns = read_reruns(writable, proxy.name)
-    label = results.user_attrs["nas:rerun_label"]
+    batch = open_batch(proxy, target, shapes, seeds, runs, storage)
+    train_runs(batch)
+    reruns = read_reruns(batch.storage, proxy.name)
+    label = batch.results.user_attrs["nas:rerun_label"]
     full = {} if reruns is None else {
         key: list(group["val_loss"]) for key, group in reruns[reruns["preset"] == label].groupby("proxy_key")}
     agreement = kendall_tau({k: list(proxy.scores[k].losses) for k in full if k in proxy.scores}, full)

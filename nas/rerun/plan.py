@@ -94,16 +94,22 @@ def plan_shapes(proxy: ProxyRanking, preset: Preset, top: int) -> list[PlannedSh
     missing = [key for _, key in proxy.ranked if key not in proxy.archs]
     if missing:
         raise UsageError(f"study {proxy.name!r} holds no shape for {missing[0]}")
-    proxy_baseline = proxy.archs[proxy.baseline_key]
-    chosen = [(rank, key) for rank, key in proxy.ranked if key == proxy.baseline_key]
-    chosen += [(rank, key) for rank, key in proxy.ranked if key != proxy.baseline_key][:top]
+    others = [key for _, key in proxy.ranked if key != proxy.baseline_key][:top]
+    return carry_shapes(proxy, preset, others, "candidate")
+
+
+def carry_shapes(proxy: ProxyRanking, preset: Preset, keys: list[str], role: str) -> list[PlannedShape]:
+    """The baseline (role ``baseline``) and the shapes ``keys`` (role ``role``), each carried to ``preset``
+    (``search_spaces.transfer``) with its board rank; ``UsageError`` when the baseline cannot be carried."""
+    rank = {key: r for r, key in proxy.ranked}
+    proxy_baseline = proxy.archs[proxy.baseline_key]  # type: ignore[index]
     shapes = []
-    for rank, key in chosen:
-        role = "baseline" if key == proxy.baseline_key else "candidate"
-        carried = transfer_shape(proxy.archs[key], proxy.space, proxy_baseline, preset.baseline)
-        if role == "baseline" and not carried.ok:
+    for key in [proxy.baseline_key, *(k for k in keys if k != proxy.baseline_key)]:
+        carried = transfer_shape(proxy.archs[key], proxy.space, proxy_baseline, preset.baseline)  # type: ignore[index]
+        if key == proxy.baseline_key and not carried.ok:
             raise UsageError(f"the baseline of {proxy.name!r} cannot be carried to {preset.name}: {carried.refused}")
-        shapes.append(PlannedShape(key, rank, role, carried))
+        shapes.append(PlannedShape(key, rank.get(key, 0), "baseline" if key == proxy.baseline_key else role,  # type: ignore[arg-type]
+                                   carried))
     return shapes
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 import re
 import sqlite3
 import time
@@ -150,6 +151,18 @@ def _check_sqlite(url: str, path: Path, read_only: bool) -> SqliteFile:
         raise UsageError(f"cannot open storage {display_url(url)!r}: {made}, whose tables are older than this Optuna "
                          f"{optuna.__version__} reads: back the file up, then `optuna storage upgrade --storage URL`")
     return found
+
+
+def check_writable(url: str) -> None:
+    """``UsageError`` in one line when an SQLite storage cannot be written (its folder or its file is read-only),
+    checked before a command that records into it writes anything; another database is checked when it connects."""
+    parsed = _with_driver(parse_url(url))
+    if parsed.get_backend_name() != "sqlite":
+        return
+    path = user_path(parsed.database, "storage file", stored=True)
+    writable_folder(path.parent if str(path.parent) else Path("."), f"storage {display_url(url)!r}: its folder")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise UsageError(f"storage file {show(path)} is read-only: this command records its runs there")
 
 
 def make_storage(url: str = DEFAULT_STORAGE, heartbeat_interval: int = 10,
