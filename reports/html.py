@@ -1,7 +1,8 @@
 """``nas report``: one self-contained HTML page that answers "which shape, and how sure are we?".
 
 Sections, in order: the summary (counts, best shape against the baseline, one plain sentence),
-the leaderboard (the numbers of ``nas best``, with each shape's paired gain), for a grouped-query
+the leaderboard (the numbers of ``nas best``, with each shape's paired gain), the design rules read across
+every run (``reports.rules``), for a grouped-query
 study loss against KV cache (``reports.kv_cache``), the staircases,
 the width-depth / bottleneck / stack-depth curves, the search dynamics, the training curves
 with milestones, the attention distances, and the full-scale re-runs. A section with nothing
@@ -24,6 +25,7 @@ from reports.kv_cache import has_grouped, kv_cache_section
 from reports.leaderboard import expected_gain_text
 from reports.page import Section, render_page, table, text
 from reports.reruns import reruns_section
+from reports.rules import rules_section
 from reports.staircases import staircase_section
 from reports.summary import Summary, board_gain_columns, gain_text, kv_sentence, shape_label, summarise
 from reports.training import training_section
@@ -87,7 +89,7 @@ def leaderboard_section(data: StudyData, summary: Summary, top: int) -> Section:
 def build_report(data: StudyData, top: int = 10, plotlyjs: str = "inline") -> str:
     """The whole page for the snapshot ``data``."""
     summary = summarise(data)
-    sections = [summary_section(data, summary), leaderboard_section(data, summary, top),
+    sections = [summary_section(data, summary), leaderboard_section(data, summary, top), rules_section(data),
                 *([kv_cache_section(data, summary.answer, kv_sentence(data, summary.answer.cheapest)
                                     if summary.answer.cheapest else "")] if has_grouped(data) else []),
                 staircase_section(data),

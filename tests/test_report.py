@@ -20,7 +20,8 @@ from reports.html import build_report
 from reports.summary import summarise
 from reports.training import training_section
 
-SECTIONS = ("summary", "leaderboard", "staircases", "width-depth", "dynamics", "training", "attention", "reruns")
+SECTIONS = ("summary", "leaderboard", "rules", "staircases", "width-depth", "dynamics", "training", "attention",
+            "reruns")
 
 
 class Page(HTMLParser):
@@ -70,6 +71,8 @@ def test_a_prism_study_has_staircases_and_attention_and_says_it_has_no_width_dep
     assert list(page.figures) == list(SECTIONS)
     assert page.figures["staircases"] == 1 and page.figures["attention"] == 2 and page.figures["training"] == 2
     assert page.figures["dynamics"] == 3  # history, intermediate values, importances
+    assert page.figures["rules"] == 3  # forest, partial residuals, error distribution functions
+    assert "log2_first_heads" in html and "halving the first layer&#x27;s heads" in html
     assert "a prism study keeps d_model and L fixed" in page.empty["width-depth"]
     assert "no full-scale re-runs are stored for this study yet" in page.empty["reruns"]
     assert set(page.empty) == {"width-depth", "reruns"}
@@ -91,12 +94,17 @@ def test_hourglass_and_joint_studies_draw_the_three_curves(space):
 
 
 def test_the_width_depth_minimum_found_is_the_synthetic_truth():
+    """The width-depth figure's fit and the design rules' U (Fieller's interval) both find the synthetic bottom."""
     from benchmarks.synthetic_studies import OPTIMUM_RATIO
 
-    html, _ = page_of(synthetic_study(SyntheticSpec(space="hourglass", trials=150, seed=3)))
+    html, page = page_of(synthetic_study(SyntheticSpec(space="hourglass", trials=150, seed=3)))
     minimum = float(re.search(r"minimum at d_model/L = ([0-9.]+)", html).group(1))
     low, high = (float(v) for v in re.search(r"95 % bootstrap interval \[([0-9.]+), ([0-9.]+)\]", html).groups())
     assert low <= OPTIMUM_RATIO <= high and abs(minimum - OPTIMUM_RATIO) / OPTIMUM_RATIO < 0.3
+    bottom, low, high = (float(v) for v in re.search(
+        r"The width-depth U: lowest near d_model/L = ([0-9.]+) \[([0-9.]+), ([0-9.]+)\]", html).groups())
+    assert low <= OPTIMUM_RATIO <= high and abs(bottom - OPTIMUM_RATIO) / OPTIMUM_RATIO < 0.3
+    assert page.figures["rules"] == 3
 
 
 def test_an_empty_study_says_so_in_every_section():
