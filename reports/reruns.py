@@ -25,13 +25,18 @@ from reports.summary import shape_label
 
 
 def read_reruns(storage: optuna.storages.BaseStorage | str, proxy_study: str) -> pd.DataFrame | None:
-    """Every completed re-run of ``proxy_study``'s shapes in ``storage``: preset, proxy key, seed, loss, speed."""
+    """Every completed re-run of ``proxy_study``'s shapes in ``storage``: preset, proxy key, seed, loss, speed.
+
+    The re-run studies are found by their user attrs alone (``get_all_studies``: no study's trials are read but
+    theirs; the proxy study's own may be thousands)."""
+    if isinstance(storage, str):
+        storage = optuna.storages.get_storage(storage)
     rows = []
-    for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
-        if summary.user_attrs.get(RERUN_MARK) != proxy_study:
+    for frozen in storage.get_all_studies():
+        if frozen.user_attrs.get(RERUN_MARK) != proxy_study:
             continue
-        study = optuna.load_study(study_name=summary.study_name, storage=storage)
-        preset = summary.user_attrs.get("nas:rerun_label") or summary.user_attrs.get("nas:preset", summary.study_name)
+        study = optuna.load_study(study_name=frozen.study_name, storage=storage)
+        preset = frozen.user_attrs.get("nas:rerun_label") or frozen.user_attrs.get("nas:preset", frozen.study_name)
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
             a = t.user_attrs
             rows.append({"preset": preset, "proxy_key": a.get("proxy_key"), "key": a.get("key"),

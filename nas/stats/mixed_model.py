@@ -15,6 +15,7 @@ levels when shapes outnumber seeds (``solve``), the seed effects otherwise (``el
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -134,16 +135,22 @@ class Likelihood:
         end when the likelihood is flattest there (no spread: ``tau^2 = 0``)."""
         i = int(np.argmin(deviances))
         low, high = grid[max(0, i - 1)], grid[min(len(grid) - 1, i + 1)]
-        golden = (math.sqrt(5) - 1) / 2
-        a, b = high - golden * (high - low), low + golden * (high - low)
-        fa, fb = self.at(a)[0], self.at(b)[0]
-        for _ in range(12):
-            if fa < fb:
-                high, b, fb = b, a, fa
-                a = high - golden * (high - low)
-                fa = self.at(a)[0]
-            else:
-                low, a, fa = a, b, fb
-                b = low + golden * (high - low)
-                fb = self.at(b)[0]
-        return (low + high) / 2
+        return golden_section(lambda x: self.at(x)[0], float(low), float(high), 12)
+
+
+def golden_section(f: Callable[[float], float], low: float, high: float, iterations: int) -> float:
+    """The minimum of a unimodal ``f`` on ``[low, high]`` by golden-section search (Kiefer 1953): each iteration
+    keeps the 0.618 of the bracket that holds it; the bracket's midpoint after ``iterations``."""
+    golden = (math.sqrt(5) - 1) / 2
+    a, b = high - golden * (high - low), low + golden * (high - low)
+    fa, fb = f(a), f(b)
+    for _ in range(iterations):
+        if fa < fb:
+            high, b, fb = b, a, fa
+            a = high - golden * (high - low)
+            fa = f(a)
+        else:
+            low, a, fa = a, b, fb
+            b = low + golden * (high - low)
+            fb = f(b)
+    return (low + high) / 2

@@ -54,16 +54,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.optimize import minimize_scalar
 from scipy.special import stdtrit
 
 from nas.stats.comparisons import ALPHA
+from nas.stats.mixed_model import golden_section
 from nas.stats.resolution import POWER
 from nas.stats.scores import ShapeScores, mean_by_seed
 from nas.stats.shrinkage import LOG_LAMBDA_GRID, MIN_COMPONENT_WEIGHT
 
 CONFOUNDED = 1e-3  # 1 - R^2 of a rule's column on the other fixed effects below this: it was never varied apart
 MIN_SHAPES = 3  # a rule needs shapes to vary across, and the model a spread to estimate
+GOLDEN_STEPS = 48  # golden-section steps refining REML's log lambda: the bracket (1 wide) shrinks to 1e-10
 
 RESOLVED, NOT_RESOLVED, CONFOUNDED_VERDICT, NOT_VARIED = "resolved", "not resolved", "confounded", "not varied"
 HELD, SHRANK, REVERSED = "held", "shrank", "reversed"
@@ -295,9 +296,7 @@ def _estimate(design: _Design, n_rules: int, n_shapes: int, n_seeds: int):
         mode_log_lam, (_, s2, beta, _) = math.inf, no_spread
     else:
         low, high = LOG_LAMBDA_GRID[max(0, i - 1)], LOG_LAMBDA_GRID[min(len(LOG_LAMBDA_GRID) - 1, i + 1)]
-        found = minimize_scalar(lambda v: design.at(v)[0], bounds=(float(low), float(high)), method="bounded",
-                                options={"xatol": 1e-10})
-        mode_log_lam = float(found.x)
+        mode_log_lam = golden_section(lambda v: design.at(v)[0], float(low), float(high), GOLDEN_STEPS)
         _, s2, beta, _ = design.at(mode_log_lam)
     taus = np.sqrt([e[1] / math.exp(g) for g, e in zip(LOG_LAMBDA_GRID, evaluated)])  # (G,)
     weights = np.exp(-(deviances - deviances.min()) / 2) * taus  # flat in tau (as nas.stats.shrinkage.fit)

@@ -333,7 +333,7 @@ def open_existing_study(url: str, study_name: str | None) -> tuple[optuna.Study,
     if study_name is not None:
         check_study_name(study_name)
     storage = make_storage(url, read_only=True)
-    studies = {name: kind for name, kind, _ in list_studies(storage)}
+    studies = {s.study_name: study_kind(s.user_attrs) for s in storage.get_all_studies()}  # no trial is read
     searches = [name for name, kind in studies.items() if kind == SHAPE_SEARCH]
     listing = ", ".join(f"{printable(name)} ({kind})" for name, kind in studies.items()) or "none"
     if study_name is None:
