@@ -1,4 +1,4 @@
-"""Section 4: the Hourglass paper's three curves at the matched budget: loss against d_model/L, d_h/d_model and K."""
+"""Section 5: the Hourglass paper's three curves at the matched budget: loss against d_model/L, d_h/d_model and K."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Section 8: full-scale re-runs (``nas rerun``) against the proxy's ranking: ranks side by side, Kendall tau.
+"""Section 9: full-scale re-runs (``nas rerun``) against the proxy's ranking: ranks side by side, Kendall tau.
 
 ``nas rerun`` writes each target preset's runs into a study of its own in the same storage,
 named ``rerun_study_name(proxy study, preset)`` and marked with the study user attr

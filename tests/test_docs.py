@@ -61,6 +61,9 @@ def tiny(args: list[str]) -> list[str]:
     for option, value in SCALED_DOWN.items():
         if option in args:
             args[args.index(option) + 1] = value
+    if args[0] == "rules":  # --confirm: the tiny preset at twice the study's tokens, the baseline and 2 shapes
+        args[args.index("--confirm") + 1] = "tiny"
+        return args + ["--tokens", "2k", "--shapes", "2", "--runs", "runs"]
     if "--preset" in args:
         args[args.index("--preset") + 1] = "tiny"
     else:
@@ -90,7 +93,8 @@ def test_every_nas_command_in_the_docs_runs_or_parses(tmp_path, monkeypatch, one
         if any(marker in line for marker in PARSE_ONLY):
             result = runner.invoke(app, [*args, "--help"])
         else:
-            result = runner.invoke(app, tiny(args) if args[0] in ("search", "train", "rerun") else args)
+            trains = args[0] in ("search", "train", "rerun") or (args[0] == "rules" and "--confirm" in args)
+            result = runner.invoke(app, tiny(args) if trains else args)
         assert result.exit_code == 0, (line, result.output[-2000:])
         if redirect:
             Path(redirect).write_text(result.stdout)
