@@ -201,8 +201,10 @@ def run(arch: ArchConfig, cfg: TrainConfig, data: TokenData, report: ReportFn | 
     try:
         while True:  # out of memory: the same run again from its start, with half the micro-batch
             try:
+                building = time.perf_counter()
                 torch.manual_seed(cfg.seed)
                 model = Transformer(arch).to(device)
+                result.build_time_s = time.perf_counter() - building
                 result.micro_batch = micro
                 _train(model, cfg.with_(micro_batch=micro), data, val, device, report, result)
                 break
@@ -256,7 +258,9 @@ def update_average(average: list[torch.Tensor], params: list[torch.Tensor], deca
 def _train(model: Transformer, cfg: TrainConfig, data: TokenData, val: list, device: torch.device,
            report: ReportFn | None, result: TrialResult) -> None:
     steps = cfg.steps
+    building = time.perf_counter()
     optimizer = build_optimizer(model, cfg, device)
+    result.build_time_s += time.perf_counter() - building
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_multiplier(s, steps, cfg.warmup_frac, cfg.min_lr_ratio))
     forward = compile_model(model) if cfg.compile else model
@@ -321,8 +325,11 @@ def _train(model: Transformer, cfg: TrainConfig, data: TokenData, val: list, dev
                 break
         if result.status == "diverged":
             break
+        evaluation = time.perf_counter()
         if step in score_steps:
             score_values.append(evaluate(model, in_rows(val, cfg.micro_batch), device, cfg.dtype, max_rows))
+            result.eval_time_s += time.perf_counter() - evaluation
+            evaluation = time.perf_counter()
         if (step + 1) % eval_interval == 0 or step == steps - 1:
             if step == steps - 1:  # the score, and the attention maps of the trained model
                 if ema is not None:  # score the averaged weights
@@ -339,6 +346,7 @@ def _train(model: Transformer, cfg: TrainConfig, data: TokenData, val: list, dev
                 result.val_loss = evaluate(model, in_rows(val[:n_prune_batches], cfg.micro_batch), device, cfg.dtype,
                                            max_rows)
             result.eval_curve.append((result.tokens_seen, result.val_loss))
+            result.eval_time_s += time.perf_counter() - evaluation
             if not math.isfinite(result.val_loss):
                 result.status, result.reason = "diverged", f"validation loss {result.val_loss} at step {step + 1}"
                 break

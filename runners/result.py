@@ -21,7 +21,9 @@ class TrialResult:
     tokens_seen: int = 0
     steps: int = 0
     tokens_per_s: float = 0.0  # training throughput, evaluation excluded
-    train_time_s: float = 0.0
+    train_time_s: float = 0.0  # the training steps (forward, backward, optimizer), evaluations excluded
+    eval_time_s: float = 0.0  # the validation evaluations: the pruning points' and the final one with its analysis
+    build_time_s: float = 0.0  # building the model and its optimizer
     wall_time_s: float = 0.0  # everything: build, training, evaluation, analysis
     peak_memory_mb: float = 0.0  # CUDA: max allocated; CPU: the run's peak resident set (Linux)
     params: dict[str, int] = field(default_factory=dict)

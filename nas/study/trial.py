@@ -189,7 +189,8 @@ def run_trial(search: Search, trial: optuna.Trial, heartbeat: Heartbeat, plan: P
     role = given.get("role", "sampled")
     # one transaction (key, seed, role, shape): from now on other workers see what this trial trains; until
     # then a worker that draws the same shape waits for this lower-numbered, shapeless trial (find_original)
-    set_attrs(search, trial, {**shape_attrs(arch, seed, role), "placed_on": search.device_label})
+    set_attrs(search, trial, {**shape_attrs(arch, seed, role), "placed_on": search.device_label,
+                              "worker": search.worker})
     original = find_original(search, arch.key(), seed, trial.number, heartbeat, known)
     if original is not None:
         return answer_duplicate(search, trial, original), arch, seed, role, loss_of(original)
