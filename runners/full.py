@@ -46,6 +46,7 @@ from nas.data import TokenData, validation_batches
 from nas.errors import UsageError
 from nas.model.transformer import Transformer
 from nas.units import format_duration
+from runners.allocator import keep_freed_memory
 from runners.checkpoint import CHECKPOINT_NAME, read_checkpoint, rng_state, set_rng_state, write_checkpoint
 from runners.config import TrainConfig
 from runners.device import StepLosses, attention_kernels, autocast, available_cores, configure_threads
@@ -134,6 +135,7 @@ def _sparse(curve: list[list[float]]) -> list[list[float]]:
 
 def run_full(arch: ArchConfig, cfg: TrainConfig, data: TokenData, options: RunOptions) -> dict[str, Any]:
     """Train ``arch`` (see the module docstring); returns the result (also ``out/result.json`` on rank 0)."""
+    keep_freed_memory()  # the allocator a training process runs best with (runners.allocator)
     processes = setup(cfg.device)
     try:
         result = _run(arch, cfg, data, options, processes)

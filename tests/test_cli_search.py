@@ -260,16 +260,22 @@ def test_progress_compares_the_best_shapes_mean_over_seeds_with_the_baselines_me
     assert "| best 3.4300 #1 (+0.58% vs baseline 3.4500)" in line and "| ETA " in line
 
 
-def test_progress_estimates_the_time_left_from_the_first_trials_then_once_only():
+def test_progress_estimates_the_time_left_from_the_trainings_after_each_workers_first_then_once_only():
+    """The estimate is the time between trainings ending, all workers together, once each worker's first (its
+    one-off start: imports, first touch of memory) is past: here 2 workers whose first trainings end at 9 and 10 s
+    (8 s a trial each, one-off included), then one every 2.5 s; duplicates do not count."""
     baseline = uniform(4, 32, 4, 256)
     stream = io.StringIO()
-    progress = Progress(workers=2, stream=stream)
-    for i, wall in enumerate((4.0, 9.0, 5.0, 30.0)):
-        progress(TrialEvent(i, "member", baseline, 0, "complete", 3.4, wall, i + 1, 11, None, None))
+    clock = iter([0.0, 9.0, 10.0, 10.5, 12.5, 15.0, 17.5, 20.0, 22.5, 25.0])
+    progress = Progress(workers=2, stream=stream, clock=lambda: next(clock))
+    states = ["complete", "complete", "duplicate", "complete", "complete", "complete", "complete", "pruned", "complete"]
+    for i, state in enumerate(states):
+        progress(TrialEvent(i, "member", baseline, 0, state, 3.4, 4.0, i + 1, 20, None, None))
     estimates = [line for line in stream.getvalue().splitlines() if line.startswith("estimate: ")]
-    # the median of the first three (5 s), 8 trials left, 2 workers: 20 s
-    assert estimates == ["estimate: about 5.0 s a trial (median of this run's first 3 on this machine), 2 workers: "
-                         "the 8 trials left take about 0m20s"]
+    # trainings 3-6 end at 12.5, 15, 17.5 and 20 s: 10 s past the warm-up's 10 s, 2.5 s a trial; 13 trials left
+    assert estimates == ["estimate: a trial every 2.5 s (the 2 workers together, over this run's trainings 3-6 on "
+                         "this machine: each worker's first, with its one-off start, left out): the 13 trials left "
+                         "take about 0m32s"]
 
 
 def test_a_resumed_search_estimates_the_time_left_from_its_stored_trials_in_its_first_line():
@@ -282,4 +288,4 @@ def test_a_resumed_search_estimates_the_time_left_from_its_stored_trials_in_its_
                    "about 1m10s"
     fresh = SimpleNamespace(study=optuna.create_study(), config=SimpleNamespace(trials=13))
     assert Progress(stream=io.StringIO())._stored_estimate(fresh) == \
-        "time: estimated after the first 3 trials on this machine"
+        "time: estimated after each worker's first training and 4 more on this machine"

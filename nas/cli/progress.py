@@ -13,7 +13,7 @@ from nas.study.session import Search
 from nas.study.worker import TrialEvent
 from nas.units import format_duration
 
-ESTIMATE_AFTER = 3  # trainings of this run behind the one-off time estimate
+ESTIMATE_AFTER = 4  # trainings of this run, after each worker's first, behind the one-off time estimate
 TRAINED_STATES = ("complete", "pruned", "diverged", "oom")  # the events that count a training
 
 
@@ -22,6 +22,16 @@ def estimate_text(seconds_per_trial: float, left: int, workers: int, source: str
     per_worker = f"{workers} workers" if workers > 1 else "1 worker"
     return (f"about {seconds_per_trial:.1f} s a trial ({source}), {per_worker}: the {left} trials left take about "
             f"{format_duration(seconds_per_trial * left / workers)}")
+
+
+def rate_text(seconds_per_trial: float, left: int, workers: int, trainings: int) -> str:
+    """``a trial every 2.1 s (the 2 workers together, over this run's trainings 3-6: each worker's first left out),
+    the 194 trials left take about 6m47s``."""
+    together = f"the {workers} workers together" if workers > 1 else "1 worker"
+    first = workers + 1
+    return (f"a trial every {seconds_per_trial:.1f} s ({together}, over this run's trainings {first}-"
+            f"{first + trainings - 1} on this machine: each worker's first, with its one-off start, left out): the "
+            f"{left} trials left take about {format_duration(seconds_per_trial * left)}")
 
 
 def placement_text(placements: list) -> str:
@@ -40,12 +50,12 @@ class Progress:
         [ 37/200] #41 member  h=3x2,6x2,12x8 ... loss 3.2871 (9.4s) | best 3.2512 #7 (+1.25% vs baseline) | ETA 28m10s
     """
 
-    def __init__(self, workers: int = 1, stream: TextIO | None = None) -> None:
+    def __init__(self, workers: int = 1, stream: TextIO | None = None, clock=time.perf_counter) -> None:
         # resolved now, not at import: a default of sys.stderr would pin whatever stream was current then
-        self.stream, self.workers = stream or sys.stderr, workers
-        self.started = time.perf_counter()
+        self.stream, self.workers, self.clock = stream or sys.stderr, workers, clock
+        self.started = clock()
         self.first_counted: int | None = None
-        self.walls: list[float] = []  # wall times of this run's trainings, until the estimate is printed
+        self.arrivals: list[float] = []  # when this run's trainings ended, until the estimate is printed
         self.estimated = False
         self.notes_shown = 0  # the search's notes already printed (at the start: a resumed study's policy)
 
@@ -73,15 +83,16 @@ class Progress:
                  if counts(t) and isinstance(t.user_attrs.get("wall_time_s"), (int, float))]
         left = max(0, search.config.trials - sum(counts(t) for t in trials))
         if not walls:
-            return f"time: estimated after the first {ESTIMATE_AFTER} trials on this machine"
+            return f"time: estimated after each worker's first training and {ESTIMATE_AFTER} more on this machine"
         self.estimated = True
         return estimate_text(median(walls), left, self.workers, f"median of the study's {len(walls)} stored trials")
 
     def __call__(self, e: TrialEvent) -> None:
+        now = self.clock()
         if self.first_counted is None:
             self.first_counted = e.counted - (e.state not in ("duplicate", "error", "interrupted", "surplus"))
         if e.state in TRAINED_STATES and not self.estimated:
-            self.walls.append(e.wall_time_s)
+            self.arrivals.append(now)
         value = f"loss {e.value:.4f}" if e.value is not None else e.state
         line = f"[{e.counted:>{len(str(e.target))}}/{e.target}] #{e.number} {e.role:<9} {e.arch.label()} "
         line += f"seed {e.seed} on {e.device}: "
@@ -94,15 +105,21 @@ class Progress:
                 line += f" ({100 * (e.baseline - e.best[1]) / e.baseline:+.2f}% vs baseline {e.baseline:.4f})"
         done_here = e.counted - (self.first_counted or 0)
         if done_here > 0 and e.counted < e.target:
-            rate = (time.perf_counter() - self.started) / done_here
+            rate = (now - self.started) / done_here
             line += f" | ETA {format_duration(rate * (e.target - e.counted))}"
         self.print(line)
         left = e.target - e.counted
-        if not self.estimated and self.walls and (len(self.walls) >= ESTIMATE_AFTER or left <= 0):
+        if self.estimated or not self.arrivals:
+            return
+        warm = self.arrivals[self.workers - 1] if len(self.arrivals) >= self.workers else None
+        measured = len(self.arrivals) - self.workers
+        if left <= 0:
             self.estimated = True
-            if left > 0:
-                source = f"median of this run's first {len(self.walls)} on this machine"
-                self.print("estimate: " + estimate_text(median(self.walls), left, self.workers, source))
+        elif warm is not None and measured >= ESTIMATE_AFTER:
+            # the time between trainings ending, for all workers together: every cost of a trial (its storage, its
+            # planning, its evaluations) and none of a worker's one-off start (imports, first touch of memory)
+            self.estimated = True
+            self.print("estimate: " + rate_text((self.arrivals[-1] - warm) / measured, left, self.workers, measured))
 
     def print(self, line: str) -> None:
         print(line, file=self.stream, flush=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import sys
 from typing import Annotated, Any
 
 import typer
@@ -26,6 +27,16 @@ def _train_overrides(**values: Any) -> tuple[tuple[str, Any], ...]:
             value = parse_size(value, "--tokens")
         out.append((name, plain(value)))
     return tuple(out)
+
+
+def largest_process_mb() -> float:
+    """The peak resident set of the largest process of this search: this one or a worker it waited for (what
+    ``/usr/bin/time`` reports as the maximum resident set size)."""
+    import resource
+
+    unit = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
+    peaks = (resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    return max(peaks) * unit / 2**20
 
 
 def _workers(value: str) -> int | str:
@@ -141,7 +152,8 @@ def search(
     name, shown = shlex.quote(result.config.study_name), shlex.quote(display_url(storage))
     summary = summarise(read_study(result.study))
     rules = f" {summary.rules_text}" if summary.rules_text else ""
-    typer.echo(f"done: study {result.config.study_name!r} holds {trials_done(result.study)} trained trials. "
+    typer.echo(f"done: study {result.config.study_name!r} holds {trials_done(result.study)} trained trials "
+               f"(peak memory {largest_process_mb():.0f} MB, the largest of its processes). "
                f"{summary.sentence}{rules} Next: nas best --study-name {name} --storage {shown}; "
                f"nas rules --study-name {name} --storage {shown}; "
                f"nas report --study-name {name} --storage {shown} -o report.html", err=True)

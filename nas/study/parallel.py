@@ -24,6 +24,7 @@ from nas.study.session import Search, open_search
 from nas.study.signals import Terminated, interruptible, raise_if_stopped
 from nas.study.trial import POLL_S
 from nas.study.worker import SearchAborted, StudyNote, TrialEvent, refresh_note, run_worker, trials_done
+from runners.allocator import keep_freed_memory
 from runners.distributed import die_with_parent
 from runners.presets import get_preset
 
@@ -87,6 +88,7 @@ def _worker_main(config: SearchConfig, worker: int, queue: Any, placement: Place
         os._exit(1)
     if placement is not None:
         apply_placement(placement)  # before anything in this process initialises CUDA
+    keep_freed_memory()  # the allocator a training process runs best with (runners.allocator)
     interruptible()
     try:
         search = open_search(config, worker=worker, create=False)
@@ -119,6 +121,7 @@ def run_search(config: SearchConfig, on_event: Callable[[TrialEvent], None] | No
     if on_start is not None:
         on_start(search)
     if workers == 1:
+        keep_freed_memory()
         run_worker(search, on_event, note)
         return search
     config = search.config  # carries the resolved study name
