@@ -78,7 +78,8 @@ def rules_of(runs: list[dict[str, Any]], shapes: list[Any]) -> dict[str, Any] | 
     covariates = {a.key(): tuple(rule.value(a, baseline) for rule in rules) for a in shapes}
     scores = scores_of(runs)
     base = scores.get(baseline.key())
-    fit = fit_rules(scores, covariates, tuple(rule.name for rule in rules), base.mean if base else None)
+    fit = fit_rules(scores, covariates, tuple(rule.name for rule in rules), base.mean if base else None,
+                    {rule.name: rule.square_of for rule in rules if rule.square_of})
     return fit_json(fit, rules) if fit is not None else None
 
 

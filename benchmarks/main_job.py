@@ -166,8 +166,8 @@ def estimate_error(lines: list[tuple[float, str]], ended: float) -> dict[str, An
 
 def printed_peak_memory(lines: list[tuple[float, str]]) -> str | None:
     last = next((line for _, line in reversed(lines) if line.startswith("done:")), "")
-    found = re.search(r"peak memory [^;.]*", last)
-    return found.group(0) if found else None
+    found = re.search(r"peak memory (\d+) MB", last)
+    return f"{found.group(1)} MB" if found else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,7 +188,9 @@ def main(argv: list[str] | None = None) -> int:
         folder = Path(tmp)
         cache = str(folder / "cache") if args.fresh_cache else None
         ran = run_search(args.trials, folder, cache, args.search_args)
-        study = optuna.load_study(study_name="prism-cpu", storage=f"sqlite:///{folder / 'nas.db'}")
+        url = f"sqlite:///{folder / 'nas.db'}"
+        (name,) = optuna.get_all_study_names(url)
+        study = optuna.load_study(study_name=name, storage=url)
         trials = study.get_trials(deepcopy=False)
     after = peak_flops()
     peak = (before + after) / 2

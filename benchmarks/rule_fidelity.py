@@ -44,9 +44,9 @@ def scores_of(runs: list[dict[str, Any]], key_map: dict[str, str] | None = None)
 
 
 def fitted(scores: dict[str, ShapeScores], covariates: dict[str, tuple[float, ...]], names: tuple[str, ...],
-           baseline: str) -> RuleFit | None:
+           baseline: str, squares: dict[str, str] | None = None) -> RuleFit | None:
     base = scores.get(baseline)
-    return fit_rules(scores, covariates, names, base.mean if base is not None else None)
+    return fit_rules(scores, covariates, names, base.mean if base is not None else None, squares)
 
 
 def estimate_row(fit: RuleFit | None, name: str) -> dict[str, Any]:
@@ -64,13 +64,14 @@ def axis(space: str) -> dict[str, Any]:
     baseline = shapes[0]
     rules = choose_rules(rule_catalog(space), None)
     names = tuple(rule.name for rule in rules)
+    squares = {rule.name: rule.square_of for rule in rules if rule.square_of}
     covariates = {a.key(): tuple(rule.value(a, baseline) for rule in rules) for a in shapes}
     panel = load_panel(PANEL_FILES[space])
-    panel_fit = fitted(scores_of(panel["runs"]), covariates, names, baseline.key())
+    panel_fit = fitted(scores_of(panel["runs"]), covariates, names, baseline.key(), squares)
     rows = []
     configs = json.loads(CONFIG_FILES[space].read_text())["configs"]
     for config in configs:
-        fit = fitted(scores_of(config["runs"], config["key_map"]), covariates, names, baseline.key())
+        fit = fitted(scores_of(config["runs"], config["key_map"]), covariates, names, baseline.key(), squares)
         for name in names:
             verdict = fidelity(fit.estimate(name), panel_fit.estimate(name)) if fit and panel_fit else "no fit"
             rows.append({"budget": config["name"], "tokens": config["train"]["tokens"], "rule": name,
@@ -83,7 +84,8 @@ def axis(space: str) -> dict[str, Any]:
                      "fidelity at the panel": "-"})
     optima = []
     for config_name, fit in [*((c["name"], fitted(scores_of(c["runs"], c["key_map"]), covariates, names,
-                                                   baseline.key())) for c in configs), ("reference panel", panel_fit)]:
+                                                   baseline.key(), squares)) for c in configs),
+                             ("reference panel", panel_fit)]:
         for rule in rules:
             if rule.square_of and fit is not None:
                 optimum = fit.optimum(rule.square_of, rule.name)

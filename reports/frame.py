@@ -97,7 +97,8 @@ class StudyData:
         covariates = {key: tuple(rule.value(arch, baseline) for rule in rules) for key, arch in archs.items()}
         budgets = () if self.reruns is None or self.reruns.empty else tuple(
             Budget(str(label), rerun_scores(runs)) for label, runs in self.reruns.groupby("preset", sort=True))
-        return RuleInputs(tuple(rule.name for rule in rules), covariates, budgets)
+        squares = {rule.name: rule.square_of for rule in rules if rule.square_of}
+        return RuleInputs(tuple(rule.name for rule in rules), covariates, budgets, squares)
 
     def answer(self, rules: tuple[Rule, ...] | None = None) -> Answer:
         """The study's answer (``nas.stats.answer``) with ``rules`` (default: the catalog's defaults), built once."""

@@ -3,7 +3,8 @@
 A rule's effect is stated for the change its catalog names (``search_spaces.base.Rule.change``): ``halving the first
 layer's heads: +1.47 % [+0.87, +2.07] of the loss at this proxy, 200 runs over 129 shapes; not yet checked at a longer
 budget``, the per-unit estimate of ``nas.stats.rules`` times ``Rule.per_change``, in % of the baseline's mean loss. A
-rule and its square (the width-depth U) are stated as the U's bottom with Fieller's interval.
+rule read with its square (the width-depth U) is stated as its slope at the shapes' mean value, and the U, once its
+curvature is resolved, as its bottom with Fieller's interval.
 """
 
 from __future__ import annotations
@@ -45,11 +46,20 @@ def checks_text(rule: Rule, checks: tuple[RuleCheck, ...]) -> str:
     return "; ".join(f"{c.verdict} at {c.budget} ({effect_text(rule, c.estimate)})" for c in checks)
 
 
+def at_text(rule: Rule, estimate: RuleEstimate) -> str:
+    """`` (at d_model/L = 32, the shapes' mean)`` for a rule read with its square (its slope there), else ``""``."""
+    if estimate.at is None:
+        return ""
+    where = rule.value_text(estimate.at) if rule.value_text else f"{rule.name} = {estimate.at:.3g}"
+    return f" (at {where}, the shapes' mean)"
+
+
 def rule_sentence(rule: Rule, fit: RuleFit, answer: RuleAnswer | None = None) -> str:
     """One rule, at this proxy and every longer budget (module docstring)."""
     estimate = fit.estimate(rule.name)
     checks = answer.checks(rule.name) if answer is not None else ()
-    return f"{rule.change}: {effect_text(rule, estimate)} {AT_PROXY}, {runs_text(fit)}; {checks_text(rule, checks)}"
+    return (f"{rule.change}{at_text(rule, estimate)}: {effect_text(rule, estimate)} {AT_PROXY}, {runs_text(fit)}; "
+            f"{checks_text(rule, checks)}")
 
 
 def optimum_text(optimum: Optimum | None) -> str | None:
@@ -82,15 +92,14 @@ def resolved_sentences(answer: RuleAnswer | None, rules: tuple[Rule, ...]) -> li
     if answer is None or answer.proxy is None:
         return []
     fit, out = answer.proxy, []
-    squared = {rule.square_of for rule in rules if rule.square_of in fit.names and rule.name in fit.names}
     for rule in rules:
         if rule.name not in fit.names:
             continue
-        if rule.square_of in squared:
+        if rule.square_of is not None:  # the curvature: the U's bottom, when the U is resolved
             sentence = u_sentence(rule, answer)
             if sentence:
                 out.append(sentence)
-        elif rule.name not in squared and fit.estimate(rule.name).verdict == RESOLVED:
+        elif fit.estimate(rule.name).verdict == RESOLVED:
             out.append(rule_sentence(rule, fit, answer))
     return out
 
@@ -146,8 +155,11 @@ def table_lines(fit: RuleFit, rules: tuple[Rule, ...], title: str, answer: RuleA
                 budget: str | None = None) -> list[str]:
     """One budget's rules as a table: estimate (nats per unit) with its 95 % interval, % of the baseline's loss, the
     minimum detectable effect, the verdict and, at a longer budget, the fidelity."""
-    head = (f"{title}: {fit.runs} runs over {fit.shapes} shapes and {fit.seeds} seeds; shape sd beyond the rules "
-            f"{fit.tau:.3f} nats, run sd {fit.sigma:.3f}")
+    seeds = f"{fit.seeds} seed{'s' if fit.seeds != 1 else ''}"
+    spread = (f"shape sd beyond the rules {fit.tau:.3f} nats, run sd {fit.sigma:.3f}" if fit.runs > fit.shapes else
+              f"one run a shape: the shapes' deviation and a run's luck read together, sd "
+              f"{(fit.tau**2 + fit.sigma**2) ** 0.5:.3f} nats")
+    head = f"{title}: {fit.runs} runs over {fit.shapes} shapes and {seeds}; {spread}"
     width = max([len(r.name) for r in rules] + [4])
     unit_width = max([len(r.unit) for r in rules] + [4])
     lines = [head, f"  {'rule':<{width}}  {'unit':<{unit_width}}  {'estimate [95 %] (nats/unit)':<31}  "
@@ -166,6 +178,9 @@ def table_lines(fit: RuleFit, rules: tuple[Rule, ...], title: str, answer: RuleA
         lines.append(f"  {rule.name:<{width}}  {rule.unit:<{unit_width}}  {number:<31}  {share:>7}  {mdg:>8}  "
                      f"{verdict}{fidelity_verdict}")
     for rule in rules:
+        e = fit.estimate(rule.name)
+        if e.at is not None:
+            lines.append(f"  {rule.name}: the slope{at_text(rule, e)}, fitted with its square")
         if rule.square_of and rule.square_of in fit.names and rule.name in fit.names:
             bottom = optimum_text(fit.optimum(rule.square_of, rule.name))
             lines.append(f"  the width-depth U: {bottom}" if bottom else

@@ -33,6 +33,7 @@ class Rule:
     covariate: Callable[[ArchConfig, ArchConfig], float]  # (shape, baseline) -> value
     default: bool = True  # in the space's default catalog; False: offered with --rules only
     square_of: str | None = None  # this rule is that rule's covariate squared: the pair is a U with an optimum
+    value_text: Callable[[float], str] | None = None  # a covariate value in the user's words ("d_model/L = 32")
 
     def value(self, shape: ArchConfig, baseline: ArchConfig) -> float:
         return float(self.covariate(shape, baseline))

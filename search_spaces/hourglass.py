@@ -66,6 +66,11 @@ def log2_d_over_L_sq(shape: ArchConfig, baseline: ArchConfig) -> float:
     return log2_d_over_L(shape, baseline) ** 2
 
 
+def d_over_l_text(value: float) -> str:
+    """A ``log2_d_over_L`` value in the user's words: ``d_model/L = 32``."""
+    return f"d_model/L = {2 ** value:.0f}"
+
+
 def k_gt_1(shape: ArchConfig, baseline: ArchConfig) -> float:
     """1 for a stack of ``K > 1`` residual sub-MLPs (an hourglass FFN), 0 for one (conventional)."""
     return float(shape.ffn.k > 1)
@@ -88,7 +93,7 @@ def log2_layers(shape: ArchConfig, baseline: ArchConfig) -> float:
 
 HOURGLASS_RULES = (
     Rule("log2_d_over_L", "doubling of d_model/L", "log2 of d_model over the number of layers",
-         "each doubling of d_model/L", 1.0, log2_d_over_L),
+         "each doubling of d_model/L", 1.0, log2_d_over_L, value_text=d_over_l_text),
     Rule("log2_d_over_L_sq", "(log2 d_model/L)^2", "the square of log2 d_model/L: the width-depth curve's curvature",
          "the width-depth curve's curvature", 1.0, log2_d_over_L_sq, square_of="log2_d_over_L"),
     Rule("K_gt_1", "K > 1", "1 when the FFN is a stack of K > 1 residual sub-MLPs", "an hourglass FFN (K > 1)",

@@ -167,3 +167,22 @@ def test_fidelity_verdicts(proxy, longer, verdict):
 
 def test_fidelity_without_an_estimate_is_not_resolved():
     assert fidelity(RuleEstimate("x", CONFOUNDED_VERDICT), estimate(0.1, 0.01)) == NOT_RESOLVED
+
+
+def test_a_rule_fitted_with_its_square_is_read_as_its_slope_at_the_shapes_mean():
+    """The coefficient of x beside x^2 is the slope at x = 0, outside any study: the U's rule is reported at the
+    shapes' mean instead, b1 + 2 b2 x_bar with the variance of that combination; the fit itself is the same."""
+    scores, covariates = planted(np.random.default_rng(9), (-0.14, 0.01), tau=0.01, sigma=0.05, shapes=48,
+                                 columns=u_columns)
+    raw = fit_rules(scores, covariates, ["lin", "sq"], 3.0)
+    read = fit_rules(scores, covariates, ["lin", "sq"], 3.0, squares={"sq": "lin"})
+    x_bar = float(np.mean([covariates[k][0] for k in scores]))
+    b1, b2 = raw.estimate("lin").estimate, raw.estimate("sq").estimate
+    slope = read.estimate("lin")
+    assert slope.at == pytest.approx(x_bar) and slope.estimate == pytest.approx(b1 + 2 * b2 * x_bar)
+    v = read.covariance
+    assert slope.sd == pytest.approx(np.sqrt(v[0, 0] + 4 * x_bar * v[0, 1] + 4 * x_bar**2 * v[1, 1]))
+    assert slope.sd < raw.estimate("lin").sd  # read where the shapes are, not extrapolated to 0
+    assert read.estimate("sq").estimate == b2 and read.optimum("lin", "sq") == raw.optimum("lin", "sq")
+    there = fit_rules(scores, covariates, ["lin", "sq"], 3.0, squares={"sq": "lin"}, at={"lin": 5.0})
+    assert there.estimate("lin").estimate == pytest.approx(b1 + 10 * b2)  # a longer budget reads it where asked

@@ -32,7 +32,7 @@ names the cheapest shape tied with the best (the smallest KV cache).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from statistics import NormalDist
 
 from nas.stats.comparisons import ALPHA, PairedGain, pooled_paired_sd, tied_set
@@ -70,6 +70,7 @@ class RuleInputs:
     names: tuple[str, ...]
     covariates: Mapping[str, Sequence[float]]
     budgets: tuple[Budget, ...] = ()
+    squares: Mapping[str, str] = field(default_factory=dict)  # a rule that squares another -> that rule (the U)
 
 
 @dataclass(frozen=True)
@@ -206,12 +207,13 @@ def cheapest_tied(tied: Sequence[str], kv_bytes: Mapping[str, int], order: Seque
 
 def rule_answer(evidence: Evidence, inputs: RuleInputs) -> RuleAnswer:
     """The rule model at the proxy and at each longer budget (its own baseline's loss there)."""
-    proxy = fit_rules(evidence.scores, inputs.covariates, inputs.names, evidence.baseline_loss)
+    proxy = fit_rules(evidence.scores, inputs.covariates, inputs.names, evidence.baseline_loss, inputs.squares)
+    at = {e.name: e.at for e in proxy.estimates if e.at is not None} if proxy is not None else {}
     budgets = []
-    for budget in inputs.budgets:
+    for budget in inputs.budgets:  # a U's slope read where the proxy read it
         base = budget.scores.get(evidence.baseline_key or "")
         budgets.append((budget.label, fit_rules(budget.scores, inputs.covariates, inputs.names,
-                                                base.mean if base is not None else None)))
+                                                base.mean if base is not None else None, inputs.squares, at)))
     return RuleAnswer(proxy, tuple(budgets))
 
 

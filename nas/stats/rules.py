@@ -85,6 +85,7 @@ class RuleEstimate:
     df: int = 0
     baseline_loss: float | None = None
     confounded_with: str | None = None  # the rule (or "the seed effects") it was never varied apart from
+    at: float | None = None  # a rule fitted with its square: the covariate value its slope is read at (the mean)
 
     @property
     def estimated(self) -> bool:
@@ -237,10 +238,16 @@ def _confounding(seeds: np.ndarray, x: np.ndarray, names: Sequence[str]) -> dict
 
 
 def fit_rules(scores: Mapping[str, ShapeScores], covariates: Mapping[str, Sequence[float]], names: Sequence[str],
-              baseline_loss: float | None = None) -> RuleFit | None:
+              baseline_loss: float | None = None, squares: Mapping[str, str] | None = None,
+              at: Mapping[str, float] | None = None) -> RuleFit | None:
     """The rule model (module docstring) on every shape of ``scores`` with ``covariates`` (shape key -> one value a
     rule of ``names``); a seed trained twice counts with its mean, as in the shape model. None with fewer than
-    ``MIN_SHAPES`` shapes or too few runs for the seeds and rules."""
+    ``MIN_SHAPES`` shapes or too few runs for the seeds and rules.
+
+    ``squares`` (square's name -> its rule's): a rule fitted with its square is reported as its slope at the shapes'
+    mean value ``x_bar``, ``b_1 + 2 b_2 x_bar`` (``RuleEstimate.at``), or at ``at[rule]`` when given (a longer
+    budget's fit reads the slope where the proxy's did): the coefficient itself is the slope at 0 (at ``d_model / L
+    = 1`` for the width-depth U), an extrapolation no study measures; the fit is the same."""
     names = tuple(names)
     keys = [k for k in scores if k in covariates and scores[k].n]
     rows = [(s, seed, loss) for s, k in enumerate(keys) for seed, loss in mean_by_seed(scores[k]).items()]
@@ -265,6 +272,8 @@ def fit_rules(scores: Mapping[str, ShapeScores], covariates: Mapping[str, Sequen
     beta, covariance, tau, sigma, df, u = _estimate(design, len(fitted), len(keys), len(seed_list))
     covariance_of = {names[j]: i for i, j in enumerate(fitted)}
     q, power_q = quantile(df), float(stdtrit(max(df, 1), POWER))
+    square_of = {linear: square for square, linear in (squares or {}).items()
+                 if linear in covariance_of and square in covariance_of}
     out = []
     for j, name in enumerate(names):
         if j not in varied:
@@ -273,11 +282,18 @@ def fit_rules(scores: Mapping[str, ShapeScores], covariates: Mapping[str, Sequen
             out.append(RuleEstimate(name, CONFOUNDED_VERDICT, baseline_loss=baseline_loss,
                                     confounded_with=confounded[name]))
         else:
-            i = covariance_of[name]
-            value, sd = float(beta[i]), math.sqrt(max(float(covariance[i, i]), 0.0))
+            i, at_value = covariance_of[name], None
+            gradient = np.zeros(len(fitted))  # (R_fit,): the reported quantity is gradient' beta
+            gradient[i] = 1.0
+            if name in square_of:  # the slope at the shapes' mean value (docstring)
+                at_value = float(values[:, j].mean()) if not at or name not in at else float(at[name])
+                gradient[covariance_of[square_of[name]]] = 2 * at_value
+            value = float(gradient @ beta)
+            sd = math.sqrt(max(float(gradient @ covariance @ gradient), 0.0))
             low, high = value - q * sd, value + q * sd
             verdict = RESOLVED if low > 0 or high < 0 else NOT_RESOLVED
-            out.append(RuleEstimate(name, verdict, value, sd, low, high, (q + power_q) * sd, df, baseline_loss))
+            out.append(RuleEstimate(name, verdict, value, sd, low, high, (q + power_q) * sd, df, baseline_loss,
+                                    at=at_value))
     seed_effect = u[[seed_index[seed] for _, seed, _ in rows]]  # (n,)
     adjusted = {keys[s]: float(np.mean((y - seed_effect)[shape == s])) for s in range(len(keys))}
     return RuleFit(names, tuple(out), len(y), len(keys), len(seed_list), tau, sigma, df, baseline_loss,
