@@ -165,8 +165,13 @@ def test_fidelity_verdicts(proxy, longer, verdict):
     assert fidelity(estimate(*proxy), estimate(*longer)) == verdict
 
 
-def test_fidelity_without_an_estimate_is_not_resolved():
-    assert fidelity(RuleEstimate("x", CONFOUNDED_VERDICT), estimate(0.1, 0.01)) == NOT_RESOLVED
+def test_fidelity_of_a_rule_the_proxy_did_not_resolve_is_nothing_to_check():
+    from nas.stats.rules import NOTHING_TO_CHECK
+
+    assert fidelity(RuleEstimate("x", CONFOUNDED_VERDICT), estimate(0.1, 0.01)) == NOTHING_TO_CHECK
+    unresolved = RuleEstimate("x", NOT_RESOLVED, 0.01, 0.01, -0.01, 0.03, 0.03, 100, 3.0)
+    assert fidelity(unresolved, estimate(0.1, 0.01)) == NOTHING_TO_CHECK
+    assert fidelity(estimate(0.1, 0.01), RuleEstimate("x", CONFOUNDED_VERDICT)) == NOT_RESOLVED
 
 
 def test_a_rule_fitted_with_its_square_is_read_as_its_slope_at_the_shapes_mean():

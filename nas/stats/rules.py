@@ -68,6 +68,7 @@ GOLDEN_STEPS = 48  # golden-section steps refining REML's log lambda: the bracke
 
 RESOLVED, NOT_RESOLVED, CONFOUNDED_VERDICT, NOT_VARIED = "resolved", "not resolved", "confounded", "not varied"
 HELD, SHRANK, REVERSED = "held", "shrank", "reversed"
+NOTHING_TO_CHECK = "nothing to check (not resolved at the proxy)"
 
 
 @dataclass(frozen=True)
@@ -336,8 +337,13 @@ def fidelity(proxy: RuleEstimate, longer: RuleEstimate) -> str:
     - **shrank**: the longer estimate is closer to 0 and the difference's 95 % interval excludes 0
       (``|b_long - b_proxy| > z sqrt(sd_p^2 + sd_l^2)``), its sign not reversed;
     - **held**: the longer budget's interval excludes 0 on the proxy's side (and it did not shrink);
-    - **not resolved**: otherwise (the longer interval holds 0 and the change is within the noise), or either
-      budget has no estimate."""
+    - **not resolved**: otherwise (the longer interval holds 0 and the change is within the noise), or the longer
+      budget has no estimate.
+
+    A rule the proxy did not resolve claimed nothing to check: ``NOTHING_TO_CHECK`` (its estimates at both budgets
+    are still shown)."""
+    if proxy.verdict != RESOLVED:
+        return NOTHING_TO_CHECK
     if not (proxy.estimated and longer.estimated and proxy.estimate and longer.sd is not None
             and proxy.sd is not None and longer.low is not None and longer.high is not None):
         return NOT_RESOLVED
