@@ -90,7 +90,7 @@ def export_model_dir(study_name: str | None, storage: str, rank_text: str | None
     run = read_run(checkpoint) if checkpoint is not None else None
     row, data_name, context = None, None, DEFAULT_CONTEXT
     if study_name is not None or run is None:
-        from nas.cli.results import warn_skipped
+        from nas.cli.skipped import warn_skipped
         from nas.study.storage import open_existing_study
         from reports.export import export_rows
         from reports.frame import read_study

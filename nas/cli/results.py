@@ -4,28 +4,20 @@ from __future__ import annotations
 
 import json
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
 from nas.cli.app import app
 from nas.cli.options import StorageOpt, StudyOpt, TableOrJson, choices
+from nas.cli.skipped import warn_skipped
 from nas.errors import UsageError, printable
 from nas.files import OutputFile
 from nas.study.config import DEFAULT_STORAGE, display_url
 
-if TYPE_CHECKING:
-    from reports.frame import StudyData
-
 TopOpt = Annotated[int, typer.Option("--top", help="How many shapes (the baseline is always shown).")]
 PlotlyJs = choices("PlotlyJs", ("inline", "cdn"))
 ExportFormat = choices("ExportFormat", ("json", "hf", "llama"))
-
-
-def warn_skipped(data: StudyData) -> None:
-    """One warning line on stderr per trial whose stored attrs could not be read (``reports.frame.readable_trials``)."""
-    for line in data.skipped:
-        typer.echo(f"warning: {line}", err=True)
 
 
 @app.command()
