@@ -15,6 +15,7 @@ from nas.errors import UsageError, printable
 from nas.files import OutputFile
 from nas.study.config import DEFAULT_STORAGE, display_url
 
+DEFAULT_TOP = 10
 TopOpt = Annotated[int, typer.Option("--top", help="How many shapes (the baseline is always shown).")]
 PlotlyJs = choices("PlotlyJs", ("inline", "cdn"))
 ExportFormat = choices("ExportFormat", ("json", "hf", "llama"))
@@ -44,7 +45,7 @@ def studies(storage: StorageOpt = DEFAULT_STORAGE) -> None:
 def best(
     study_name: StudyOpt = None,
     storage: StorageOpt = DEFAULT_STORAGE,
-    top: TopOpt = 10,
+    top: TopOpt = DEFAULT_TOP,
     format: Annotated[TableOrJson, typer.Option("--format", help="Output format.")] = TableOrJson.table,
 ) -> None:
     """The leaderboard: shape, the two gains over the baseline (the answer's interval first and starred: the expected
@@ -112,7 +113,7 @@ def report(
     study_name: StudyOpt = None,
     storage: StorageOpt = DEFAULT_STORAGE,
     output: Annotated[str, typer.Option("-o", "--output", help="The HTML file to write.")] = "report.html",
-    top: TopOpt = 10,
+    top: TopOpt = DEFAULT_TOP,
     plotlyjs: Annotated[PlotlyJs, typer.Option("--plotlyjs", help="inline: plotly.js embedded once, the page opens "
                                                "with no network (~5 MB); cdn: a small file that loads it from "
                                                "plotly's CDN.")] = PlotlyJs.inline,
@@ -139,7 +140,9 @@ def report(
 def export(
     study_name: StudyOpt = None,
     storage: StorageOpt = DEFAULT_STORAGE,
-    top: TopOpt = 10,
+    top: Annotated[int | None, typer.Option("--top", help="json: how many shapes (default 10; the baseline is "
+                                            "always among them). hf and llama export one shape: --rank.",
+                                            show_default=False)] = None,
     output: Annotated[str | None, typer.Option("-o", "--output", help="The JSON file to write (default, or -: "
                                                "standard output).", show_default=False)] = None,
     format: Annotated[ExportFormat, typer.Option("--format", help="json: the rows; hf: one shape as a Hugging "
@@ -154,7 +157,9 @@ def export(
                                                    "rerun` run folder (or its checkpoint.pt) whose trained weights "
                                                    "to export (default: freshly initialised weights).",
                                                    show_default=False)] = None,
-    force: Annotated[bool, typer.Option("--force", help="hf, llama: replace the model directory -o DIR holds.")]
+    force: Annotated[bool, typer.Option("--force", help="hf, llama: replace the model directory an earlier export "
+                                        "wrote in -o DIR (its nas-export.json): its files only; files you added "
+                                        "there are kept.")]
     = False,
 ) -> None:
     """The best shapes and the baseline as JSON rows: each shape (a valid `nas train --config`, `--rank N`) with
@@ -162,6 +167,10 @@ def export(
     `--format hf` writes one shape (and a checkpoint's weights) as a model directory that transformers loads."""
     if format.value != "json":
         from nas.cli.export_hf import export_model_dir
+
+        if top is not None:
+            raise UsageError(f"--top {top} goes with --format json (rows); --format {format.value} writes one shape: "
+                             "pick it with --rank N (default 1, the best) or --rank baseline")
 
         export_model_dir(study_name, storage, rank, checkpoint, output, format.value, force)
         return
@@ -171,6 +180,7 @@ def export(
     from reports.export import export_rows
     from reports.frame import read_study
 
+    top = DEFAULT_TOP if top is None else top
     if top < 1:
         raise UsageError(f"--top {top} is invalid: give at least 1")
     target = OutputFile.of("-" if output is None else output, "-o", stdout_ok=True)
