@@ -34,11 +34,12 @@ def studies(storage: StorageOpt = DEFAULT_STORAGE) -> None:
     if not listed:
         typer.echo(f"{display_url(storage)} holds no study yet")
         return
+    from rich.cells import cell_len  # columns a terminal gives the text: two for a wide (CJK) character
+
     listed = [(printable(name), kind, n) for name, kind, n in listed]
-    width = max(len(name) for name, _, _ in listed)
-    typer.echo(f"{'study':<{width}}  {'trials':>6}  kind")
-    for name, kind, n in listed:
-        typer.echo(f"{name:<{width}}  {n:>6}  {kind}")
+    width = max(cell_len(name) for name, _, _ in listed + [("study", "", 0)])
+    for name, kind, n in [("study", "kind", "trials"), *listed]:
+        typer.echo(f"{name}{' ' * (width - cell_len(name))}  {n:>6}  {kind}")
 
 
 @app.command()
