@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import shlex
-from typing import Annotated, Any
+from collections import Counter
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -13,6 +15,32 @@ from nas.cli.space import with_space_options
 from nas.errors import UsageError
 from nas.study.config import DEFAULT_STORAGE, display_url
 from search_spaces.factory import SpaceOptions
+
+if TYPE_CHECKING:
+    from optuna.trial import FrozenTrial
+
+
+FAILURE_WORDS = {"diverged": "diverged", "oom": "ran out of memory"}
+
+
+def trained_text(trials: Sequence[FrozenTrial]) -> tuple[str, bool]:
+    """The search's last line's count of trained trials, and whether every one of them failed (diverged or ran out of
+    memory: none has a score, so there is no answer to state)."""
+    from optuna.trial import TrialState
+
+    from nas.study.records import counts
+
+    trained = [t for t in trials if counts(t)]
+    failed = Counter(str(t.user_attrs.get("status")) for t in trained if t.state == TrialState.FAIL)
+    text = f"{len(trained)} trained trials"
+    if not trained or sum(failed.values()) < len(trained):
+        return text, False
+    if len(failed) == 1:
+        (status,) = failed
+        return f"{text}, all {FAILURE_WORDS.get(status, status)}: no shape has a score" + (
+            " (a lower --lr may train them)" if status == "diverged" else ""), True
+    parts = ", ".join(f"{n} {FAILURE_WORDS.get(status, status)}" for status, n in sorted(failed.items()))
+    return f"{text}, all failed ({parts}): no shape has a score", True
 
 
 def _train_overrides(**values: Any) -> tuple[tuple[str, Any], ...]:
@@ -112,7 +140,7 @@ def search(
     from nas.study.parallel import run_search
     from nas.study.signals import interruptible
     from nas.study.storage_faults import first_line, storage_failure
-    from nas.study.worker import SearchAborted, trials_done
+    from nas.study.worker import SearchAborted
     from reports.dashboard_note import NoteRefresher
 
     interruptible()
@@ -139,7 +167,7 @@ def search(
     from reports.summary import resolution_text, summarise
 
     name, shown = shlex.quote(result.config.study_name), shlex.quote(display_url(storage))
-    answer = summarise(read_study(result.study))
-    typer.echo(f"done: study {result.config.study_name!r} holds {trials_done(result.study)} trained trials; "
-               f"{resolution_text(answer.resolution)}. Next: nas best --study-name {name} --storage {shown}; "
-               f"nas report --study-name {name} --storage {shown} -o report.html", err=True)
+    trained, all_failed = trained_text(result.study.get_trials(deepcopy=False))
+    answer = "" if all_failed else f"; {resolution_text(summarise(read_study(result.study)).resolution)}"
+    typer.echo(f"done: study {result.config.study_name!r} holds {trained}{answer}. Next: nas best --study-name "
+               f"{name} --storage {shown}; nas report --study-name {name} --storage {shown} -o report.html", err=True)
