@@ -34,6 +34,17 @@ def proxy_ranking(data: StudyData) -> ProxyRanking:
     return ProxyRanking(data.name, data.baseline_key, ranked, archs, data.space)
 
 
+def stopped(what: str, code: int, folder: Path) -> str:
+    """Why a launched run ended without a result, and what helps: its own refusal (exit 2, the line above it says
+    why: the same command would meet it again), or a stop that the same command resumes from the run's log."""
+    if code == 2:
+        return (f"{what}: nas train refused it (exit code 2, the line above says why); fix that, then run the same "
+                "command")
+    log = folder / "log.jsonl"
+    see = f"; see {log}" if log.exists() else ""
+    return f"{what} stopped with exit code {code}{see}; run the same command to resume it"
+
+
 @app.command()
 def rerun(
     preset: Annotated[str, typer.Option("--preset", help="The target: see `nas presets` (e.g. cpu-long, "
@@ -85,13 +96,13 @@ def rerun(
     budget = parse_size(tokens, "--tokens") if tokens is not None else None
     given = {"tokens": budget, "device": device}
     target.train.with_(**{name: value for name, value in given.items() if value is not None})  # checks them
-    from runners.device import compiles_by_default, resolve_device
+    from runners.device import check_runnable, compiles_by_default
 
-    if device not in (None, "auto", "cpu"):
-        resolve_device(device)
+    name = device or target.train.device
+    where = f"--device {device}" if device else f"preset {preset}"
     if compile is None:  # by default on a GPU: where the runs will train
-        name = device or target.train.device
-        compile = name.startswith("cuda") or compiles_by_default(resolve_device(name))
+        compile = compiles_by_default(check_runnable(name, target.train.dtype, False, where))
+    check_runnable(name, target.train.dtype, compile, where)  # before anything is written: runs that cannot start
     from nas.data import load_data
 
     dataset = load_data(data)  # a bad --data is refused here, not by the first run's process
@@ -131,8 +142,7 @@ def rerun(
                 typer.echo(f"{what}: training in {run.folder}", err=True)
                 code, result = launch(run, options)
                 if result is None or result.get("status") not in ("ok", "diverged"):
-                    raise UsageError(f"{what} stopped with exit code {code}; see {run.folder / 'log.jsonl'} and "
-                                     "re-run the same command to resume it")
+                    raise UsageError(stopped(what, code, run.folder))
             record(results, run, result, list(proxy.scores[run.shape.proxy_key].trials), settings)
             typer.echo(f"{what}: val loss {result.get('val_loss')}, {result.get('tokens_per_s', 0):,.0f} tok/s",
                        err=True)
