@@ -12,6 +12,8 @@ diverges on some shapes biases the search against them. This measures the rate w
 - **shapes**: one member of each (K, L) cell of the ``cpu`` preset's default Hourglass grid with ``K`` in 2, 4, 6, 8
   and ``L`` in 6, 9, 12, 18, 24 (the cell's middle member by its ``d_h / d_model`` grid ratio): 20 shapes;
 - **seeds** 0, 1, 2 each, trained as a search trains them (``runners.proxy.run``, one thread, one run at a time);
+- **the cells seen to diverge**: every member of the (K, L) cells of the two shapes the recorded search saw diverge
+  (``K = 6`` at depth 6, ``K = 2`` at depth 18; their ``d_h / d_model`` was not recorded), seeds 0 and 1;
 - **retry**: every run that diverged, trained again on its seed at half the rate (4e-3), to see whether it then
   trains and where its loss lands beside the shape's runs that did not diverge.
 
@@ -36,11 +38,13 @@ DIVERGENCE_FILE = Path(__file__).parent / "data" / "divergence_hourglass.json"
 DEPTHS = (6, 9, 12, 18, 24)
 KS = (2, 4, 6, 8)
 SEEDS = (0, 1, 2)
+SEEN_CELLS = ((6, 6), (2, 18))  # (K, L) of the two shapes the recorded search saw diverge
+SEEN_SEEDS = (0, 1)
 RETRY_FACTOR = 0.5
 
 
-def deep_shapes(smoke: bool = False) -> list[Any]:
-    """One member per (K, L) cell of the grid (module docstring), deepest last."""
+def grid_cells(smoke: bool = False) -> dict[tuple[int, int], list[Any]]:
+    """The deep ``K > 1`` members of the grid by (K, L) cell, each cell's members by their ``d_h / d_model``."""
     from runners.presets import get_preset
     from search_spaces.factory import SpaceOptions, build_space
 
@@ -50,13 +54,22 @@ def deep_shapes(smoke: bool = False) -> list[Any]:
     for arch in space:
         if arch.ffn.k > 1 and arch.n_layers >= (2 if smoke else min(DEPTHS)):
             cells.setdefault((arch.ffn.k, arch.n_layers), []).append(arch)
+    return {cell: sorted(members, key=lambda a: a.ffn.hidden / a.d_model) for cell, members in cells.items()}
+
+
+def deep_shapes(smoke: bool = False) -> list[Any]:
+    """The sample: one member per (K, L) cell of the grid (module docstring), deepest last."""
+    cells = grid_cells(smoke)
     wanted = [(k, depth) for k in KS for depth in DEPTHS] if not smoke else sorted(cells)[:2]
-    chosen = []
-    for cell in wanted:
-        members = sorted(cells.get(cell, []), key=lambda a: a.ffn.hidden / a.d_model)
-        if members:
-            chosen.append(members[len(members) // 2])
+    chosen = [cells[cell][len(cells[cell]) // 2] for cell in wanted if cells.get(cell)]
     return sorted(chosen, key=lambda a: (a.n_layers, a.ffn.k))
+
+
+def seen_cell_shapes(smoke: bool = False) -> list[Any]:
+    """Every member of the cells where the recorded search saw a shape diverge (``SEEN_CELLS``)."""
+    cells = grid_cells(smoke)
+    wanted = SEEN_CELLS if not smoke else sorted(cells)[:1]
+    return [arch for cell in wanted for arch in cells.get(cell, [])]
 
 
 def proxy_train(smoke: bool = False) -> Any:
@@ -86,32 +99,43 @@ def machine() -> dict[str, Any]:
             "fp32_matmul_peak_gflops": round(measure_matmul_peak(torch.device("cpu")) / 1e9, 1)}
 
 
-def summary(data: dict[str, Any]) -> dict[str, Any]:
-    """Counts of diverged runs (overall, by K, by depth), shapes with any diverged seed, and the retries."""
-    first = [r for r in data["runs"] if not r.get("retry")]
-    retries = [r for r in data["runs"] if r.get("retry")]
+def _rate(runs: list[dict[str, Any]]) -> str:
+    return f"{sum(r['status'] == 'diverged' for r in runs)}/{len(runs)}"
+
+
+def stage_summary(runs: list[dict[str, Any]], shapes: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One stage's counts of diverged runs: overall, shapes with a diverged seed, by K, by depth, by the shape."""
     by_shape: dict[str, list[dict[str, Any]]] = {}
-    for run in first:
+    for run in runs:
         by_shape.setdefault(run["key"], []).append(run)
-
-    def rate(runs: list[dict[str, Any]]) -> str:
-        return f"{sum(r['status'] == 'diverged' for r in runs)}/{len(runs)}"
-
-    shapes = {s["key"]: s for s in data["shapes"]}
-    out: dict[str, Any] = {
-        "runs_diverged": rate(first),
+    return {
+        "runs_diverged": _rate(runs),
         "shapes_with_a_diverged_seed": f"{sum(any(r['status'] == 'diverged' for r in v) for v in by_shape.values())}"
                                        f"/{len(by_shape)}",
-        "by_k": {str(k): rate([r for r in first if shapes[r["key"]]["k"] == k]) for k in sorted(
-            {s["k"] for s in data["shapes"]})},
-        "by_depth": {str(d): rate([r for r in first if shapes[r["key"]]["n_layers"] == d]) for d in sorted(
-            {s["n_layers"] for s in data["shapes"]})},
-        "diverged_at_tokens": sorted(t for r in first if (t := diverged_at(r)) is not None),
-        "tokens": data["train"]["tokens"],
-        "retries": [],
+        "by_k": {str(k): _rate([r for r in runs if shapes[r["key"]]["k"] == k])
+                 for k in sorted({shapes[r["key"]]["k"] for r in runs})},
+        "by_depth": {str(d): _rate([r for r in runs if shapes[r["key"]]["n_layers"] == d])
+                     for d in sorted({shapes[r["key"]]["n_layers"] for r in runs})},
+        "diverged": [{"label": r["label"], "seed": r["seed"], "d_h_over_d_model": round(
+            shapes[r["key"]]["d_h"] / shapes[r["key"]]["d_model"], 3), "at_tokens": diverged_at(r)}
+            for r in runs if r["status"] == "diverged"],
     }
-    for retry in retries:
-        same = [r["val_loss"] for r in by_shape.get(retry["key"], []) if r["status"] == "ok"]
+
+
+def summary(data: dict[str, Any]) -> dict[str, Any]:
+    """Each stage's counts (the sample of every deep cell; every member of the cells seen to diverge), all runs
+    together, and each retry beside the same shape's runs that did not diverge."""
+    shapes = {s["key"]: s for s in data["shapes"]}
+    first = [r for r in data["runs"] if not r.get("retry")]
+    stages = {"sample": (set(data["sample"]), set(data["seeds"])),
+              "seen_cells": (set(data.get("seen_cells", [])), set(data.get("seen_seeds", [])))}
+    out: dict[str, Any] = {name: stage_summary([r for r in first if r["key"] in keys and r["seed"] in seeds], shapes)
+                           for name, (keys, seeds) in stages.items() if keys}
+    out["all_runs_diverged"] = _rate(first)
+    out["tokens"] = data["train"]["tokens"]
+    out["retries"] = []
+    for retry in (r for r in data["runs"] if r.get("retry")):
+        same = [r["val_loss"] for r in first if r["key"] == retry["key"] and r["status"] == "ok"]
         out["retries"].append({"label": retry["label"], "seed": retry["seed"], "status": retry["status"],
                                "val_loss": retry["val_loss"],
                                "shape_ok_seeds_mean": statistics.fmean(same) if same else None,
@@ -122,20 +146,25 @@ def summary(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def build(smoke: bool, out: Path) -> dict[str, Any]:
-    """Train (or finish) the runs and the retries, writing ``out`` after every run."""
-    shapes, train = deep_shapes(smoke), proxy_train(smoke)
+    """Train (or finish) both stages' runs and the retries, writing ``out`` after every run."""
+    train = proxy_train(smoke)
+    sample, seen = deep_shapes(smoke), seen_cell_shapes(smoke)
     seeds = SEEDS[:2] if smoke else SEEDS
+    shapes = list({a.key(): a for a in (*sample, *seen)}.values())
     data: dict[str, Any] = {
         "what": "cpu-hourglass proxy runs of deep K > 1 members of the cpu preset's Hourglass grid: how often they "
-                "diverge, and a retry of each diverged run at half the learning rate",
+                "diverge (a sample of every deep cell, and every member of the two cells the recorded search saw "
+                "diverge), and a retry of each diverged run at half the learning rate",
         "command": "python -m benchmarks.divergence" + (" --smoke" if smoke else ""), "complete": False,
         "commit": current_commit(), "machine": machine(), "train": train.to_dict(),
-        "retry_lr": train.lr * RETRY_FACTOR, "shapes": [shape_record(a) for a in shapes], "seeds": list(seeds),
-        "runs": [], "wall_time_s": 0.0,
+        "retry_lr": train.lr * RETRY_FACTOR, "shapes": [shape_record(a) for a in shapes],
+        "sample": [a.key() for a in sample], "seeds": list(seeds),
+        "seen_cells": [a.key() for a in seen], "seen_seeds": list(SEEN_SEEDS), "runs": [], "wall_time_s": 0.0,
     }
     stored = json.loads(out.read_text()) if out.exists() else None
-    if stored and stored.get("train") == data["train"] and stored.get("shapes") == data["shapes"]:
+    if stored and stored.get("train") == data["train"]:  # the same proxy: its runs are kept, whatever stage made them
         data["runs"], data["wall_time_s"] = stored["runs"], stored.get("wall_time_s", 0.0)
+        data["machine"], data["commit"] = stored.get("machine", data["machine"]), stored.get("commit", data["commit"])
         print(f"resuming {out}: {len(data['runs'])} runs kept", file=sys.stderr, flush=True)
     before, started = data["wall_time_s"], time.perf_counter()
 
@@ -145,15 +174,15 @@ def build(smoke: bool, out: Path) -> dict[str, Any]:
         data["wall_time_s"] = before + time.perf_counter() - started
         _write_json(out, data)
 
-    first = train_runs(shapes, train, seeds, processes=1,
-                       done=[r for r in data["runs"] if not r.get("retry")], on_run=write)
-    write(first)
-    failed = [(r["key"], r["seed"]) for r in first if r["status"] == "diverged"]
+    first = [r for r in data["runs"] if not r.get("retry")]
+    for stage_shapes, stage_seeds in ((sample, seeds), (seen, SEEN_SEEDS[:1] if smoke else SEEN_SEEDS)):
+        first = train_runs(stage_shapes, train, stage_seeds, processes=1, done=first, on_run=write)
+        write(first)
     by_key = {a.key(): a for a in shapes}
     retried = [r for r in data["runs"] if r.get("retry")]
     slower = train.with_(lr=train.lr * RETRY_FACTOR)
-    for key, seed in failed:
-        retried = train_runs([by_key[key]], slower, (seed,), processes=1, done=retried,
+    for run in (r for r in first if r["status"] == "diverged"):
+        retried = train_runs([by_key[run["key"]]], slower, (run["seed"],), processes=1, done=retried,
                              on_run=lambda runs: write(runs, retry=True))
     data["complete"] = True
     data["summary"] = summary(data)
