@@ -67,3 +67,14 @@ def test_a_run_that_stopped_points_at_its_log_only_where_there_is_one_and_a_refu
                                                      "to resume it"
     (tmp_path / "log.jsonl").write_text("{}\n")
     assert f"exit code 1; see {tmp_path / 'log.jsonl'}; run" in stopped("[1/2] baseline", 1, tmp_path)
+
+
+def test_a_shape_the_machine_cannot_train_at_the_target_is_refused_before_anything_is_written(study, tmp_path,
+                                                                                           monkeypatch):
+    """The run would refuse it too (``runners.memory``), after the re-run had made its folder and its study."""
+    import runners.memory
+
+    monkeypatch.setattr(runners.memory, "available_bytes", lambda device: (10**6, "this machine has available"))
+    line = refused(study, tmp_path, "--preset", "tiny", "--nproc", "2")
+    assert "preset tiny: training rank " in line and " x 2 processes (" in line
+    assert line.endswith("but this machine has available 1.0 MB: give a smaller shape")

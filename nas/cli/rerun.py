@@ -102,7 +102,7 @@ def rerun(
     where = f"--device {device}" if device else f"preset {preset}"
     if compile is None:  # by default on a GPU: where the runs will train
         compile = compiles_by_default(check_runnable(name, target.train.dtype, False, where))
-    check_runnable(name, target.train.dtype, compile, where)  # before anything is written: runs that cannot start
+    run_device = check_runnable(name, target.train.dtype, compile, where)  # before anything is written
     from nas.data import load_data
 
     dataset = load_data(data)  # a bad --data is refused here, not by the first run's process
@@ -119,6 +119,12 @@ def rerun(
         if not shape.transfer.ok:
             typer.echo(f"skipped rank {shape.proxy_rank} ({shape.proxy_key}): {shape.transfer.refused}", err=True)
     run_train = target.train.with_(**({"tokens": budget} if budget else {}))
+    from runners.memory import check_fits
+
+    for shape in shapes:  # a shape this machine cannot train is refused now, not by its run after the study is made
+        if shape.transfer.ok:
+            check_fits(shape.transfer.target, run_train, run_device, micro_batch or run_train.batch_size // nproc,
+                       nproc, f"preset {preset}: training rank {shape.proxy_rank} as")
     settings = RerunSettings(proxy.name, proxy.identity, preset, {**run_train.result_fields(), "seed": None},
                              dataset.fingerprint)
     runs_dir = output_folder(runs, "--runs")  # made at the first launch when missing
