@@ -213,6 +213,35 @@ def test_training_lowers_the_loss_checkpointing_keeps_the_gradients_and_save_pre
     assert again.config.num_attention_heads == list(PRISM.heads) and again.config.rope_theta == PRISM.rope_theta
 
 
+def test_trainer_trains_an_exported_directory_saves_it_and_it_reloads_with_the_same_logits(prism_dir, tmp_path):
+    """Issue 52: the docs promise training with transformers, whose ``Trainer`` needs accelerate (the ``bench``
+    extra installs it): a few steps of ``Trainer`` on the exported Prism directory (K = 3 sub-MLPs, a head count per
+    layer), ``save_model``, and the saved directory computes the trained model's logits exactly."""
+    import importlib.util
+
+    assert importlib.util.find_spec("accelerate"), "Trainer needs accelerate, which the bench extra installs"
+    _, path = prism_dir
+    hf = load(path).train()
+    generator = torch.Generator().manual_seed(2)
+    windows = [torch.randint(0, PRISM.vocab_size, (33,), generator=generator) for _ in range(16)]
+    data = [{"input_ids": w, "labels": w} for w in windows]
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "run"), max_steps=6, per_device_train_batch_size=4,
+                                          learning_rate=3e-3, lr_scheduler_type="constant", logging_steps=1,
+                                          save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True, seed=0)
+    trainer = transformers.Trainer(model=hf, args=args, train_dataset=data)
+    with transformers_log():  # its progress and info lines, not this test's output
+        trainer.train()
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    assert len(losses) == 6 and losses[-1] < losses[0], losses
+    trainer.save_model(str(tmp_path / "saved"))
+    assert {"modeling_prism.py", "configuration_prism.py", "model.safetensors", "config.json"} <= {
+        p.name for p in (tmp_path / "saved").iterdir()}
+    again = load(tmp_path / "saved")
+    idx = torch.stack(windows[:3])
+    with torch.no_grad():
+        assert torch.equal(hf.eval()(input_ids=idx).logits, again(input_ids=idx).logits)
+
+
 def test_grouped_query_heads_equal_full_heads_holding_each_key_value_head_once_per_group(prism_dir):
     """Per-layer ``num_key_value_heads`` (the grouped-query attention a later shape may ask for) needs no new format:
     a model with 1 and 2 key/value heads in layers of 2 and 4 equals full attention whose heads of a group share
