@@ -299,5 +299,8 @@ def test_the_last_line_says_when_every_trained_trial_failed():
                                       "them)", True)
     assert trained_text([*diverged[:2], trial(TrialState.FAIL, "oom")]) == (
         "3 trained trials, all failed (2 diverged, 1 ran out of memory): no shape has a score", True)
-    assert trained_text([*diverged, trial(TrialState.COMPLETE, "ok")]) == ("4 trained trials", False)
+    assert trained_text([*diverged, trial(TrialState.COMPLETE, "ok")]) == (
+        "4 trained trials (3 diverged: recorded as failures, not on the board)", False)
+    assert trained_text([trial(TrialState.COMPLETE, "ok"), trial(TrialState.PRUNED, "pruned")]) == (
+        "2 trained trials", False)
     assert trained_text([]) == ("0 trained trials", False)

@@ -24,8 +24,8 @@ FAILURE_WORDS = {"diverged": "diverged", "oom": "ran out of memory"}
 
 
 def trained_text(trials: Sequence[FrozenTrial]) -> tuple[str, bool]:
-    """The search's last line's count of trained trials, and whether every one of them failed (diverged or ran out of
-    memory: none has a score, so there is no answer to state)."""
+    """The search's last line's count of trained trials (with those that failed: diverged or ran out of memory, which
+    the board leaves out), and whether every one of them failed (none has a score, so there is no answer to state)."""
     from optuna.trial import TrialState
 
     from nas.study.records import counts
@@ -33,8 +33,9 @@ def trained_text(trials: Sequence[FrozenTrial]) -> tuple[str, bool]:
     trained = [t for t in trials if counts(t)]
     failed = Counter(str(t.user_attrs.get("status")) for t in trained if t.state == TrialState.FAIL)
     text = f"{len(trained)} trained trials"
-    if not trained or sum(failed.values()) < len(trained):
-        return text, False
+    if not trained or sum(failed.values()) < len(trained):  # some failed: said, since the board leaves them out
+        parts = ", ".join(f"{n} {FAILURE_WORDS.get(status, status)}" for status, n in sorted(failed.items()))
+        return text + (f" ({parts}: recorded as failures, not on the board)" if failed else ""), False
     if len(failed) == 1:
         (status,) = failed
         return f"{text}, all {FAILURE_WORDS.get(status, status)}: no shape has a score" + (
