@@ -11,6 +11,7 @@ duplicates (answered from an earlier trial) would count a shape twice.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 
 import optuna
 import plotly.graph_objects as go
@@ -74,6 +75,17 @@ def history_figure(data: StudyData) -> go.Figure:
     return fig
 
 
+def _importances(section: Section, study: optuna.Study, target: Callable[[FrozenTrial], float] | None) -> None:
+    """fANOVA parameter importances of the completed trainings, or a note saying why there are none."""
+    try:
+        fig = optuna.visualization.plot_param_importances(study, target=target, target_name="loss")
+        n_params = len(fig.data[0].y) if fig.data else 1
+        fig.update_layout(height=140 + 26 * n_params, title="Parameter importances (fANOVA, on the loss)")
+        section.figures.append(fig)
+    except (ValueError, RuntimeError, ZeroDivisionError) as error:
+        section.notes.append(f"Parameter importances: not available ({str(error).splitlines()[0][:160]}).")
+
+
 def dynamics_section(data: StudyData) -> Section:
     section = Section("dynamics", "Search dynamics",
                       "Read off whether the search still improves (history), where the pruner stopped shapes "
@@ -95,13 +107,11 @@ def dynamics_section(data: StudyData) -> Section:
             fig.update_xaxes(title_text="training tokens")
             section.figures.append(fig)
         target = (lambda t: t.values[0]) if data.multi_objective else None
-        try:
-            fig = optuna.visualization.plot_param_importances(copy, target=target, target_name="loss")
-            n_params = len(fig.data[0].y) if fig.data else 1
-            fig.update_layout(height=140 + 26 * n_params, title="Parameter importances (fANOVA, on the loss)")
-            section.figures.append(fig)
-        except (ValueError, RuntimeError, ZeroDivisionError) as error:
-            section.notes.append(f"Parameter importances: not available ({str(error).splitlines()[0][:160]}).")
+        if not complete:  # Optuna's plot would log a warning line of its own and draw nothing
+            section.notes.append("Parameter importances: not available (no trial has completed a training: they "
+                                 "were pruned or failed).")
+        else:
+            _importances(section, copy, target)
         if data.multi_objective and len(complete) >= 1:
             names = [o.replace("_", " ") for o in data.objectives]
             fig = optuna.visualization.plot_pareto_front(copy, target_names=names)

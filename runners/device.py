@@ -29,6 +29,42 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def check_runnable(device_name: str, dtype: str, compiling: bool, what: str) -> torch.device:
+    """The device runs set up by ``what`` (``preset gpu-prism``, ``--device cuda:1``) train on, checked before
+    anything is written: the device is there, takes the dtype, and can compile when asked (Inductor: a C++ compiler
+    on the CPU, Triton on CUDA); else one ``UsageError`` naming what is missing and what would run."""
+    try:
+        device = resolve_device(device_name)
+    except UsageError:
+        raise UsageError(f"{what}: this machine has no {device_name!r} device: run it where there is one, or give "
+                         "--device cpu (or auto)") from None
+    if dtype == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise UsageError(f"{what}: it trains in bf16, which {torch.cuda.get_device_name(device)} does not support: "
+                         "run it on a GPU that does (compute capability 8.0 or later)")
+    if compiling:
+        missing = _compile_missing(device)
+        if missing:
+            raise UsageError(f"{what}: torch.compile needs {missing} on this machine, which it lacks: give "
+                             "--no-compile")
+    return device
+
+
+def _compile_missing(device: torch.device) -> str | None:
+    """What ``torch.compile``'s Inductor backend needs for ``device`` and cannot find, in words; None when found."""
+    if device.type == "cuda":
+        from torch.utils._triton import has_triton
+
+        return None if has_triton() else "Triton (pip install triton)"
+    if device.type == "cpu":
+        from torch._inductor import cpp_builder, exc
+
+        try:
+            cpp_builder.get_cpp_compiler()
+        except (exc.InvalidCxxCompiler, RuntimeError, OSError):
+            return "a C++ compiler (g++ or clang++, or $CXX)"
+    return None
+
+
 def available_cores() -> int:
     """Cores this process may run on (respects taskset / cgroup affinity)."""
     try:

@@ -51,6 +51,7 @@ from runners.checkpoint import CHECKPOINT_NAME, read_checkpoint, rng_state, set_
 from runners.config import TrainConfig
 from runners.device import StepLosses, attention_kernels, autocast, available_cores, configure_threads
 from runners.distributed import Processes, all_sum, barrier, setup, teardown
+from runners.memory import check_fits
 from runners.peak import measure_matmul_peak
 from runners.proxy import build_optimizer, compile_model, lr_multiplier, update_average
 from runners.stream import ORDER as STREAM_ORDER
@@ -171,10 +172,6 @@ def _run(arch: ArchConfig, cfg: TrainConfig, data: TokenData, options: RunOption
     identity = run_identity(arch, cfg, data)
     out = options.out
     if out is not None:
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            raise UsageError(f"--out {str(out)!r} cannot be a run's folder: {error.strerror or error}") from None
         result = read_result(out)
         if result is not None:
             if result.get("run") == identity:
@@ -182,6 +179,8 @@ def _run(arch: ArchConfig, cfg: TrainConfig, data: TokenData, options: RunOption
             raise UsageError(f"{str(out)!r} holds the result of another run; choose another --out")
     device = processes.device
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # torchrun's processes share the cores: a share each
+    # before anything is built or made: a shape this machine cannot hold is one line, not the allocator's traceback
+    check_fits(arch, cfg, device, options.micro_batch or cfg.batch_size // processes.world, local)
     configure_threads(cfg.threads or max(1, available_cores() // local), compiling=cfg.compile)
     started = time.perf_counter()
     torch.manual_seed(cfg.seed)
@@ -210,6 +209,11 @@ def _run(arch: ArchConfig, cfg: TrainConfig, data: TokenData, options: RunOption
         wrapped = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None)
     forward = compile_model(model, wrapped) if cfg.compile else wrapped
+    if out is not None:  # made once training can start: a run refused or failed before it leaves no folder
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise UsageError(f"--out {str(out)!r} cannot be a run's folder: {error.strerror or error}") from None
     log = RunLog(out / "log.jsonl" if out is not None and processes.main else None, first_step)
     val = validation_batches(data.val, cfg.batch_size, cfg.seq_len, cfg.eval_tokens)
     peak = measure_matmul_peak(device, torch.bfloat16 if cfg.dtype == "bf16" and device.type == "cuda"

@@ -32,15 +32,23 @@ if TYPE_CHECKING:
     from optuna.trial import BaseTrial
 
 
-def kv_columns(arch: ArchConfig, budget: int) -> dict[str, Any]:
-    """A member's key/value heads, KV cache and budget match, for listings and reports."""
+def with_kv_columns(row: dict[str, Any], arch: ArchConfig, budget: int) -> dict[str, Any]:
+    """The inner space's listing ``row`` of ``arch`` with its key/value heads, KV cache and budget match.
+
+    A grouped member is not the (multi-head) baseline, under whichever column its space names it in
+    (``is_baseline`` in Prism rows, ``kind`` in Hourglass and joint rows); no column is added that the space's
+    other rows lack, so every row of a listing has the same columns (CSV takes them from the first row)."""
     total = arch.n_params()["total"]
-    return {"is_baseline": False if arch.grouped else None, "kv_heads": list(arch.kv_per_layer()),
-            "kv_plateaus": format_plateaus(arch.kv_per_layer()), "kv_groups": list(arch.kv_groups()),
-            "kv_cache_bytes_per_token": arch.kv_cache_bytes_per_token(),
-            "d_h": arch.ffn.hidden, "wider": arch.ffn.wider, "params": total,
-            "params_attention": arch.n_params()["attention"], "params_ffn": arch.n_params()["ffn"],
-            "budget_deviation": (total - budget) / budget}
+    out = {**row, "kv_heads": list(arch.kv_per_layer()), "kv_plateaus": format_plateaus(arch.kv_per_layer()),
+           "kv_groups": list(arch.kv_groups()), "kv_cache_bytes_per_token": arch.kv_cache_bytes_per_token(),
+           "d_h": arch.ffn.hidden, "wider": arch.ffn.wider, "params": total,
+           "params_attention": arch.n_params()["attention"], "params_ffn": arch.n_params()["ffn"],
+           "budget_deviation": (total - budget) / budget}
+    if arch.grouped and "is_baseline" in out:
+        out["is_baseline"] = False
+    if arch.grouped and out.get("kind") == "baseline":
+        out["kind"] = "gqa"
+    return out
 
 
 class UniformGroupPrismSpace(SearchSpace):
@@ -107,8 +115,7 @@ class UniformGroupPrismSpace(SearchSpace):
 
     def row(self, arch: ArchConfig) -> dict[str, Any]:
         g = arch.kv_groups()[0]
-        columns = {key: value for key, value in kv_columns(arch, self.budget).items() if value is not None}
-        return {**self.spaces[g].row(arch), **columns, "kv_group": g, "key": arch.key()}
+        return {**with_kv_columns(self.spaces[g].row(arch), arch, self.budget), "kv_group": g, "key": arch.key()}
 
 
 class KVScheduleSpace(SearchSpace):
@@ -208,10 +215,7 @@ class KVScheduleSpace(SearchSpace):
     def row(self, arch: ArchConfig) -> dict[str, Any]:
         shape = self.inner_of(arch)
         assert shape is not None
-        row = self.inner.row(shape)
-        row.update({key: value for key, value in kv_columns(arch, self.budget).items() if value is not None})
-        if row.get("kind") == "baseline" and arch.grouped:
-            row["kind"] = "gqa"
+        row = with_kv_columns(self.inner.row(shape), arch, self.budget)
         if "d_h_over_d_model" in row:
             row["d_h_over_d_model"] = arch.ffn.hidden / arch.d_model
         row["key"] = arch.key()

@@ -195,6 +195,12 @@ class HourglassSpace(SearchSpace):
             check_positive("k", k, "the FFN stack depth K is an integer >= 1", maximum=MAX_K)
         if layer_values is None:
             layer_values = [max(1, round(layers * f)) for f in DEFAULT_LAYER_FACTORS]
+            if max(layer_values) > MAX_LAYERS:
+                deepest = max(DEFAULT_LAYER_FACTORS)
+                raise UsageError(f"layers={layers:,}: the grid's default depths reach {deepest:g}x the baseline's, "
+                                 f"{max(layer_values):,} layers, past the most a shape may have ({MAX_LAYERS:,}): "
+                                 f"give layers up to {int(MAX_LAYERS / deepest):,}, or the depths themselves "
+                                 "(--layer-values)")
         self.ratio_values = _sorted_unique(DEFAULT_RATIO_VALUES if ratio_values is None else ratio_values)
         for ratio in self.ratio_values:
             if not (isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and math.isfinite(ratio)

@@ -168,15 +168,28 @@ class KVRule:
             return
         ways = self._ways(heads)
 
-        def walk(layer: int, state: State, prefix: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
-            if layer == len(heads):
-                yield prefix
-                return
-            for g, after in self._next(state, heads[layer]):
-                if ways[layer + 1].get(after):
-                    yield from walk(layer + 1, after, (*prefix, g))
+        def choices(layer: int, state: State) -> Iterator[tuple[int, State]]:
+            """The group sizes layer ``layer`` may take after ``state`` that some valid schedule completes."""
+            return ((g, after) for g, after in self._next(state, heads[layer]) if ways[layer + 1].get(after))
 
-        yield from walk(0, START, ())
+        # a depth-first walk with its own stack (``stack[l]``: the choices left at layer ``l``), not recursion:
+        # a space may be MAX_LAYERS deep, past Python's recursion limit
+        prefix: list[int] = []
+        stack = [choices(0, START)]
+        while stack:
+            step = next(stack[-1], None)
+            if step is None:
+                stack.pop()
+                if prefix:
+                    prefix.pop()
+                continue
+            g, after = step
+            prefix.append(g)
+            if len(prefix) == len(heads):
+                yield tuple(prefix)
+                prefix.pop()
+            else:
+                stack.append(choices(len(prefix), after))
 
     def kv_schedules(self, heads: Sequence[int]) -> Iterator[tuple[int, ...]]:
         """``group_schedules`` as key/value head counts ``h_l / g_l``."""

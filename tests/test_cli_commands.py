@@ -74,3 +74,49 @@ def test_train_with_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, args
     assert result.exit_code == 2, result.output
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], result.stderr
+
+
+# the issue's two shapes: ~1.7e11 parameters (under MAX_PARAMS, ~690 GB of fp32 weights) and 3,800 layers (~1.9e11,
+# no single large tensor)
+WIDE = ArchConfig(n_layers=52, d_model=16384, heads=(128,) * 52, ffn=FFNShape(1, 43690), vocab_size=256)
+DEEP = ArchConfig(n_layers=3800, d_model=2048, heads=(16,) * 3800, ffn=FFNShape(1, 5461), vocab_size=256)
+
+
+@pytest.mark.parametrize("arch", [WIDE, DEEP], ids=["1.7e11-parameters", "3800-layers"])
+def test_a_shape_this_machine_cannot_train_is_refused_before_it_is_built_and_makes_no_folder(tmp_path, arch):
+    """Issue 52: neither was refused up front: the allocator's RuntimeError traceback, and an empty --out folder."""
+    (tmp_path / "arch.json").write_text(arch.to_json())
+    result = invoke("train", "--config", str(tmp_path / "arch.json"), "--out", str(tmp_path / "run" / "a"),
+                    "--threads", "1")
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and f"training {arch.label()} needs at least " in lines[0], result.stderr
+    assert f"({arch.n_params()['total']:,} parameters: weights, gradients and optimiser state " in lines[0]
+    assert not (tmp_path / "run").exists()
+
+
+def test_under_an_address_space_limit_the_limit_is_what_a_shape_is_checked_against(tmp_path):
+    """The issue's setting, ``ulimit -v`` 4 GB, in a child process: refused in one line naming the limit."""
+    import resource
+    import subprocess
+    import sys
+
+    (tmp_path / "arch.json").write_text(WIDE.to_json())
+    limit = 4 * 2**30
+    child = subprocess.run([sys.executable, "-m", "nas.cli", "train", "--config", str(tmp_path / "arch.json"),
+                            "--out", str(tmp_path / "run"), "--threads", "1"], capture_output=True, text=True,
+                           timeout=120, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+    assert child.returncode == 2, child.stderr
+    assert child.stderr.count("\n") == 1 and "but the address-space limit (ulimit -v) leaves " in child.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_memory_a_run_needs_is_a_lower_bound_of_its_state_and_activations():
+    from runners.memory import training_need
+
+    cfg = PRESETS["cpu"].train  # scores a weight average: 20 bytes a parameter
+    need = training_need(WIDE, cfg, rows=4)
+    assert need.state == WIDE.n_params()["total"] * 20
+    assert need.activations == 4 * 128 * (256 + 52 * 16384) * 4
+    assert training_need(WIDE, cfg.with_(ema_decay=0.0, dtype="bf16"), rows=4).total == \
+        WIDE.n_params()["total"] * 16 + need.activations // 2

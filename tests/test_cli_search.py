@@ -289,3 +289,24 @@ def test_a_resumed_search_estimates_the_time_left_from_its_stored_trials_in_its_
     fresh = SimpleNamespace(study=optuna.create_study(), config=SimpleNamespace(trials=13))
     assert Progress(stream=io.StringIO())._stored_estimate(fresh) == \
         "time: estimated after each worker's first training and 4 more on this machine"
+
+
+def test_the_last_line_says_when_every_trained_trial_failed():
+    """Issue 52: a search whose every trial diverged ended "holds 3 trained trials" and an answer's resolution,
+    without saying that none has a score."""
+    from nas.cli.search import trained_text
+
+    def trial(state: TrialState, status: str) -> optuna.trial.FrozenTrial:
+        return optuna.trial.create_trial(state=state, value=2.0 if state == TrialState.COMPLETE else None,
+                                         user_attrs={"key": status, "seed": 0, "status": status})
+
+    diverged = [trial(TrialState.FAIL, "diverged") for _ in range(3)]
+    assert trained_text(diverged) == ("3 trained trials, all diverged: no shape has a score (a lower --lr may train "
+                                      "them)", True)
+    assert trained_text([*diverged[:2], trial(TrialState.FAIL, "oom")]) == (
+        "3 trained trials, all failed (2 diverged, 1 ran out of memory): no shape has a score", True)
+    assert trained_text([*diverged, trial(TrialState.COMPLETE, "ok")]) == (
+        "4 trained trials (3 diverged: recorded as failures, not on the board)", False)
+    assert trained_text([trial(TrialState.COMPLETE, "ok"), trial(TrialState.PRUNED, "pruned")]) == (
+        "2 trained trials", False)
+    assert trained_text([]) == ("0 trained trials", False)

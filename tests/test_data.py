@@ -153,6 +153,27 @@ def test_text_directory_is_split_by_file_with_the_fixed_hash_rule(tmp_path, cach
     assert bytes(data.train) == SEPARATOR.join(contents[r] for r in sorted(contents) if r not in val_files)
 
 
+def test_a_folder_holding_names_that_are_not_utf8_loads_them_split_by_the_bytes_of_their_names(tmp_path, cache):
+    """Issue 52: a name found inside a folder whose bytes are not UTF-8 raised UnicodeEncodeError in the split rule;
+    it is hashed as the bytes on disk (a valid name hashes as before), in a folder and through a glob."""
+    import hashlib
+
+    d = tmp_path / "docs"
+    d.mkdir()
+    raw = [b"bad\xff%02d.txt" % i for i in range(40)]
+    by_bytes = {name: int(hashlib.sha1(name).hexdigest(), 16) % sources.VAL_MODULUS == 0 for name in raw}
+    assert any(by_bytes.values()) and not all(by_bytes.values())  # the rule puts some on each side
+    for i, name in enumerate(raw):
+        with open(os.path.join(os.fsencode(d), name), "wb") as f:
+            f.write(f"document {i} ".encode() * 30)
+    assert is_validation_file("doc07.txt") == (int(hashlib.sha1(b"doc07.txt").hexdigest(), 16)
+                                               % sources.VAL_MODULUS == 0)
+    val = [os.fsdecode(n) for n in sorted(raw) if by_bytes[n]]
+    for given in (str(d), str(d / "*.txt")):
+        data = load_data(given, cache_dir=cache)
+        assert bytes(data.val) == SEPARATOR.join((d / name).read_bytes() for name in val)
+
+
 def test_text_glob_and_few_files_fall_back_to_a_token_tail(tmp_path, cache):
     for name in ("a.txt", "b.txt"):
         (tmp_path / name).write_bytes(name.encode() * 500)

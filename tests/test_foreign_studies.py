@@ -10,6 +10,7 @@ unreadable trial skipped and named in one warning.
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 
 import optuna
@@ -65,6 +66,20 @@ def test_nas_studies_says_which_studies_are_shape_searches(tmp_path, shared):
     stored = len(optuna.load_study(study_name="prism", storage=shared).trials)  # 30 trained and 2 duplicates
     assert rows["prism"].endswith("shape search") and rows["prism"].split()[1] == str(stored)
     assert rows["lr-sweep"].endswith("not a shape search") and rows["lr-sweep"].split()[1] == "5"
+
+
+def test_nas_studies_aligns_its_columns_under_wide_characters(tmp_path, shared):
+    """Issue 52: a study name of CJK characters (two terminal columns each) pushed its row's columns right."""
+    from rich.cells import cell_len
+
+    optuna.create_study(storage=shared, study_name="学習率の探索")
+    result = invoke("studies", "--storage", shared)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert len(lines) == 4 and any(line.startswith("学習率の探索 ") for line in lines)
+    counts = [re.match(r"^(.*?) +(\d+|trials)  ", line) for line in lines]
+    assert {cell_len(line[:m.end(2)]) for line, m in zip(lines, counts)} == {cell_len(lines[0][:m.end(2)])
+                                                                             for m in counts[:1]}, result.stdout
 
 
 def set_stored_attr(storage: str, number: int, name: str, value: object = None, delete: bool = False) -> None:

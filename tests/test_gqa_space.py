@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import itertools
 import json
 import time
@@ -11,7 +13,7 @@ import optuna
 import pytest
 from typer.testing import CliRunner
 
-from nas.arch import uniform
+from nas.arch import MAX_LAYERS, uniform
 from nas.cli import app
 from nas.errors import UsageError
 from search_spaces.factory import SpaceOptions, build_space
@@ -198,6 +200,44 @@ def test_bad_input_on_the_command_line_is_one_line_exit_2(args, says, tmp_path):
     result = CliRunner().invoke(app, ["space", *args])
     assert result.exit_code == 2, result.output
     assert says in result.stderr and result.stderr.count("\n") == 1 and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("space, layers", [("prism", MAX_LAYERS), ("joint", MAX_LAYERS // 2)])
+def test_a_key_value_schedule_space_lists_at_the_deepest_depth_its_options_accept(space, layers):
+    """Issue 52: the listing walked the schedules by recursion, one frame a layer, and raised RecursionError from
+    about 1,000 layers while --layers accepts 4,096 (the joint space's default grid reaches twice its baseline)."""
+    result = CliRunner().invoke(app, ["space", "list", "--space", space, "--layers", str(layers), "--kv-schedule",
+                                      "--limit", "2", "--format", "csv"])
+    assert result.exit_code == 0, result.output
+    rows = list(csv.reader(io.StringIO(result.stdout)))
+    assert len(rows) == 3 and rows[1][rows[0].index("layers")] == str(layers)
+    rule = KVRule.build(12, None, schedule=True)
+    heads = (12,) * MAX_LAYERS
+    first = next(iter(rule.group_schedules(heads)))
+    assert first == (1,) * MAX_LAYERS and rule.rank(heads, first) == 0
+
+
+def test_a_grid_whose_default_depths_pass_the_limit_is_refused_naming_the_depth_given():
+    result = CliRunner().invoke(app, ["space", "count", "--space", "hourglass", "--layers", str(MAX_LAYERS)])
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.output
+    assert f"layers={MAX_LAYERS:,}: the grid's default depths reach 2x the baseline's" in result.stderr
+    assert f"give layers up to {MAX_LAYERS // 2:,}" in result.stderr
+
+
+@pytest.mark.parametrize("space", ["prism", "hourglass", "joint"])
+@pytest.mark.parametrize("kv", [["--kv-groups", "2,3"], ["--kv-schedule"]], ids=["uniform", "schedule"])
+def test_every_row_of_a_grouped_listing_has_the_same_columns(space, kv):
+    """Issue 52 (seen on the way): a grouped member's row carried an is_baseline column that the Hourglass and
+    joint rows of multi-head members lack, and the CSV writer, which takes its columns from the first row, raised."""
+    options = ["--layers", "6", "--d-model", "48", "--heads", "6"]
+    if space != "prism":
+        options += ["--k-values", "1,2", "--layer-values", "3,6", "--ratio-values", "0.5,1.0"]
+    result = CliRunner().invoke(app, ["space", "list", "--space", space, *options, *kv, "--format", "csv"])
+    assert result.exit_code == 0, result.output
+    rows = list(csv.reader(io.StringIO(result.stdout)))
+    assert len(rows) > 2 and {len(r) for r in rows} == {len(rows[0])}
+    kinds = {r[rows[0].index("kind")] for r in rows[1:]} if "kind" in rows[0] else set()
+    assert space == "prism" or kv == ["--kv-groups", "2,3"] or {"baseline", "gqa"} <= kinds  # grouped baselines
 
 
 def test_nas_space_show_checks_a_key_value_schedule_and_names_every_broken_rule():

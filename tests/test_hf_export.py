@@ -8,9 +8,11 @@ from the checkpoints of ``nas train --out`` runs, and feed the command bad input
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
+import stat
 import tempfile
 import warnings
 from contextlib import contextmanager
@@ -23,8 +25,9 @@ from typer.testing import CliRunner
 from nas.arch import ArchConfig, FFNShape, uniform
 from nas.errors import UsageError
 from nas.hf.card import Provenance, model_card
-from nas.hf.export import write_model_dir
+from nas.hf.export import WEIGHTS, write_model_dir
 from nas.hf.mapping import hf_state_dict, llama_refusal
+from nas.hf.target import MANIFEST
 from nas.model.transformer import Transformer
 
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -113,7 +116,7 @@ def test_the_directory_loads_cleanly_and_computes_the_projects_logits(arch, tmp_
     model = project_model(arch)
     done = write_model_dir(arch, tmp_path / "m", "hf", weights=model.state_dict(), context=64)
     assert done.files == ("README.md", "config.json", "configuration_prism.py", "model.safetensors",
-                          "modeling_prism.py")
+                          "modeling_prism.py", "nas-export.json")
     config = json.loads((tmp_path / "m" / "config.json").read_text())
     assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_prism.PrismForCausalLM"
     assert config["num_attention_heads"] == list(arch.heads) == config["num_key_value_heads"]
@@ -210,6 +213,35 @@ def test_training_lowers_the_loss_checkpointing_keeps_the_gradients_and_save_pre
     assert again.config.num_attention_heads == list(PRISM.heads) and again.config.rope_theta == PRISM.rope_theta
 
 
+def test_trainer_trains_an_exported_directory_saves_it_and_it_reloads_with_the_same_logits(prism_dir, tmp_path):
+    """Issue 52: the docs promise training with transformers, whose ``Trainer`` needs accelerate (the ``bench``
+    extra installs it): a few steps of ``Trainer`` on the exported Prism directory (K = 3 sub-MLPs, a head count per
+    layer), ``save_model``, and the saved directory computes the trained model's logits exactly."""
+    import importlib.util
+
+    assert importlib.util.find_spec("accelerate"), "Trainer needs accelerate, which the bench extra installs"
+    _, path = prism_dir
+    hf = load(path).train()
+    generator = torch.Generator().manual_seed(2)
+    windows = [torch.randint(0, PRISM.vocab_size, (33,), generator=generator) for _ in range(16)]
+    data = [{"input_ids": w, "labels": w} for w in windows]
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "run"), max_steps=6, per_device_train_batch_size=4,
+                                          learning_rate=3e-3, lr_scheduler_type="constant", logging_steps=1,
+                                          save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True, seed=0)
+    trainer = transformers.Trainer(model=hf, args=args, train_dataset=data)
+    with transformers_log():  # its progress and info lines, not this test's output
+        trainer.train()
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    assert len(losses) == 6 and losses[-1] < losses[0], losses
+    trainer.save_model(str(tmp_path / "saved"))
+    assert {"modeling_prism.py", "configuration_prism.py", "model.safetensors", "config.json"} <= {
+        p.name for p in (tmp_path / "saved").iterdir()}
+    again = load(tmp_path / "saved")
+    idx = torch.stack(windows[:3])
+    with torch.no_grad():
+        assert torch.equal(hf.eval()(input_ids=idx).logits, again(input_ids=idx).logits)
+
+
 def test_grouped_query_heads_equal_full_heads_holding_each_key_value_head_once_per_group(prism_dir):
     """Per-layer ``num_key_value_heads`` (the grouped-query attention a later shape may ask for) needs no new format:
     a model with 1 and 2 key/value heads in layers of 2 and 4 equals full attention whose heads of a group share
@@ -280,7 +312,7 @@ def test_the_baseline_exports_as_a_stock_llama_with_no_remote_code(tmp_path):
     arch = BASELINE.replace(rope_theta=50000.0, norm_eps=1e-6, tie_embeddings=False)
     model = project_model(arch)
     done = write_model_dir(arch, tmp_path / "llama", "llama", weights=model.state_dict(), context=128)
-    assert done.files == ("README.md", "config.json", "model.safetensors")
+    assert done.files == ("README.md", "config.json", "model.safetensors", "nas-export.json")
     hf = load(tmp_path / "llama", remote=False)
     assert type(hf) is transformers.LlamaForCausalLM
     assert hf.config.rope_parameters["rope_theta"] == 50000.0 and hf.config.rms_norm_eps == 1e-6
@@ -305,6 +337,75 @@ def test_a_shape_llama_cannot_hold_and_a_failed_write_leave_nothing_behind(tmp_p
     with pytest.raises(UsageError, match="cannot write -o .*No space left on device"):
         write_model_dir(BASELINE, tmp_path / "m", "hf")
     assert list(tmp_path.iterdir()) == []
+
+
+def tree(folder: Path) -> dict[str, str]:
+    """Every file under ``folder`` (relative name -> sha256): what a refused command must leave as it was."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_every_file_is_shared_as_the_folder_is_and_the_record_names_what_the_export_wrote(tmp_path):
+    """Issue 52: model.safetensors came out 0600 (safetensors writes it private) beside 0644 files."""
+    umask = os.umask(0o022)
+    try:
+        done = write_model_dir(BASELINE, tmp_path / "m", "hf")
+    finally:
+        os.umask(umask)
+    assert {name: oct(stat.S_IMODE((tmp_path / "m" / name).stat().st_mode)) for name in done.files} == \
+        dict.fromkeys(done.files, "0o644")
+    record = json.loads((tmp_path / "m" / MANIFEST).read_text())
+    assert set(record["files"]) == set(done.files) - {MANIFEST}
+    assert record["files"]["model.safetensors"] == hashlib.sha256((tmp_path / "m" / WEIGHTS).read_bytes()).hexdigest()
+
+
+def test_force_replaces_only_the_files_an_export_wrote_and_carries_the_users_over(tmp_path, monkeypatch):
+    """Issue 52: --force replaced any folder holding a config.json, the files the user added in an exported one too;
+    now only an export's own files, unchanged since, and the user's entries come along into the new directory."""
+    out = tmp_path / "m"
+    write_model_dir(BASELINE, out, "hf")
+    (out / "tokenizer.json").write_text("{}")
+    (out / "runs").mkdir()
+    (out / "runs" / "trainer_state.json").write_text("{\"step\": 3}")
+    mine = {k: v for k, v in tree(out).items() if k in ("tokenizer.json", "runs/trainer_state.json")}
+    done = write_model_dir(PRISM, out, "hf", force=True)
+    assert done.kept == ("runs", "tokenizer.json")
+    assert {k: v for k, v in tree(out).items() if k in mine} == mine
+    assert json.loads((out / "config.json").read_text())["num_attention_heads"] == list(PRISM.heads)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]  # no folder left aside
+
+    (out / WEIGHTS).write_bytes((out / WEIGHTS).read_bytes()[:-4] + b"\0\0\0\0")  # a training saved over it
+    before = tree(out)
+    with pytest.raises(UsageError, match="'model.safetensors' changed since nas export wrote it, and --force "
+                                         "would lose it: move it away or give a new folder"):
+        write_model_dir(PRISM, out, "hf", force=True)
+    assert tree(out) == before
+
+    project = tmp_path / "project"  # the issue's case: a project folder holding a config.json, notes, a storage
+    project.mkdir()
+    for name, text in (("config.json", '{"name": "mine"}'), ("notes.txt", "mine"), ("base.db", "a storage")):
+        (project / name).write_text(text)
+    before = tree(project)
+    with pytest.raises(UsageError, match="holds 'base.db', 'notes.txt', which no nas export wrote "
+                                         r"\(it has no nas-export.json\)"):
+        write_model_dir(BASELINE, project, "hf", force=True)
+    with pytest.raises(UsageError, match="holds '.*tokenizer.json', which this command reads: --force never "
+                                         "replaces it"):  # a storage or checkpoint the command reads
+        write_model_dir(BASELINE, out, "hf", force=True, reads=[project / "base.db", out / "tokenizer.json"])
+    monkeypatch.chdir(project)
+    for given, where in ((Path("."), "the working directory"), (Path(".."), "a folder above the working directory")):
+        with pytest.raises(UsageError, match=f"is {where}: the export replaces its folder whole"):
+            write_model_dir(BASELINE, given, "hf", force=True)
+    assert tree(project) == before
+
+    legacy = tmp_path / "legacy"  # an export made before the record: known by its exact file list
+    write_model_dir(BASELINE, legacy, "llama")
+    (legacy / MANIFEST).unlink()
+    (legacy / "tokenizer.json").write_text("{}")
+    with pytest.raises(UsageError, match="holds 'tokenizer.json', which no nas export wrote"):
+        write_model_dir(BASELINE, legacy, "hf", force=True)
+    (legacy / "tokenizer.json").unlink()
+    assert write_model_dir(BASELINE, legacy, "hf", force=True).kept == ()
 
 
 def test_weights_of_another_shape_are_refused(tmp_path):
@@ -380,11 +481,53 @@ def nas(*args: str):
     return CliRunner().invoke(app(), list(args))
 
 
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory) -> Path:
+    """A study made without training (``benchmarks.synthetic_studies``): what the refusals need, in seconds."""
+    import optuna
+
+    from benchmarks.synthetic_studies import SyntheticSpec, synthetic_study
+
+    root = tmp_path_factory.mktemp("synthetic")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    synthetic_study(SyntheticSpec(space="prism", preset="tiny", trials=6), storage=f"sqlite:///{root / 'base.db'}",
+                    name="tiny")
+    return root / "base.db"
+
+
+@pytest.mark.parametrize("cwd, args, says", [
+    ("proj", ["-o", ".", "--force"], "-o 'PROJ' is the working directory: the export replaces its folder whole"),
+    ("", ["-o", "proj", "--force"], "-o 'PROJ' holds 'PROJ/base.db', which this command reads: --force never "
+                                    "replaces it"),
+    ("", ["-o", "proj", "--force", "--storage", "sqlite:///elsewhere.db"], "-o 'PROJ' holds 'base.db', 'notes.txt', "
+                                                                           "which no nas export wrote"),
+    ("proj", ["-o", "m", "--top", "0"], "--top 0 goes with --format json (rows)"),
+], ids=["the-working-directory", "the-storage-it-reads", "a-folder-no-export-wrote", "top-with-hf"])
+def test_force_never_replaces_a_folder_no_export_wrote_nor_what_the_command_reads(synthetic, tmp_path, monkeypatch,
+                                                                                   cwd, args, says):
+    """Issue 52: in a project folder holding a non-model config.json, a text file and the study's own SQLite file,
+    ``nas export --format hf -o . --force`` exited 0 and deleted the text file and the database."""
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "base.db").write_bytes(synthetic.read_bytes())
+    (proj / "config.json").write_text('{"project": "mine"}')
+    (proj / "notes.txt").write_text("mine")
+    (tmp_path / "elsewhere.db").write_bytes(synthetic.read_bytes())
+    monkeypatch.chdir(tmp_path / cwd)
+    before = tree(tmp_path)
+    storage = [] if "--storage" in args else ["--storage", f"sqlite:///{proj / 'base.db'}"]
+    result = nas("export", *storage, "--format", "hf", *args)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: "), result.stderr
+    assert says.replace("PROJ", str(proj)) in result.stderr, result.stderr
+    assert tree(tmp_path) == before
+
+
 @pytest.mark.slow
 def test_export_a_study_row_fresh_and_a_trained_checkpoint_with_its_weights(runs, tmp_path):
     root, storage = runs
     best = json.loads((root / "best.json").read_text())[0]
-    fresh = nas("export", "--storage", storage, "--top", "1", "--format", "hf", "-o", str(tmp_path / "fresh"))
+    fresh = nas("export", "--storage", storage, "--format", "hf", "-o", str(tmp_path / "fresh"))  # --rank 1
     assert fresh.exit_code == 0, fresh.output
     assert "freshly initialised weights" in fresh.stderr and "row 1 of study 's'" in fresh.stderr
     card = (tmp_path / "fresh" / "README.md").read_text()
@@ -458,7 +601,9 @@ def test_a_checkpoint_is_matched_to_its_study_row_or_to_the_row_a_rerun_carried_
     (["--checkpoint", "nowhere", "--format", "hf", "-o", "m"], "--checkpoint 'nowhere' does not exist"),
     (["--checkpoint", "MIXED", "--format", "hf", "-o", "m"], "but 'MIXED/result.json' beside it is another shape"),
     (["--format", "hf", "-o", "full"], "-o 'TMP/full' exists and is not empty: give a new folder, or --force"),
-    (["--format", "hf", "-o", "full", "--force"], "holds no config.json: --force replaces a model directory only"),
+    (["--format", "hf", "-o", "full", "--force"], "holds 'notes.txt', which no nas export wrote"),
+    (["--format", "hf", "--top", "1", "-o", "m"], "--top 1 goes with --format json (rows); --format hf writes one "
+                                                  "shape: pick it with --rank N"),
     (["--format", "llama", "--rank", "PRISM_RANK", "-o", "m"], "no LLaMA: its head count differs by layer"),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(runs, tmp_path, monkeypatch, args, says):
@@ -483,14 +628,15 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(runs, tmp_path, monkeyp
 
 
 @pytest.mark.slow
-def test_force_replaces_a_model_directory_whole(runs, tmp_path):
+def test_force_replaces_an_exports_directory_whole_keeping_what_the_user_added(runs, tmp_path):
     root, storage = runs
     out = tmp_path / "m"
     first = nas("export", "--storage", storage, "--format", "hf", "-o", str(out))
     assert first.exit_code == 0, first.output
-    (out / "tokenizer.json").write_text("{}")  # something the user added
+    (out / "tokenizer.json").write_text("{}")  # something the user added: carried over, and said so
     again = nas("export", "--storage", storage, "--checkpoint", str(root / "best"), "--study-name", "s", "--format",
                 "hf", "-o", str(out), "--force")
     assert again.exit_code == 0, again.output
-    assert "tokenizer.json" not in {p.name for p in out.iterdir()} and "step 8 of 8" in (out / "README.md").read_text()
+    assert (out / "tokenizer.json").read_text() == "{}" and "step 8 of 8" in (out / "README.md").read_text()
+    assert again.stderr.count("\n") == 1 and "; kept tokenizer.json (not written by an export)" in again.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]

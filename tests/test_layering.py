@@ -168,6 +168,33 @@ def test_a_forbidden_import_is_caught(edge, says):
     assert any(v.startswith(says) for v in violations(graph, external))
 
 
+def module_circles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """Modules that import each other, directly or through other modules, as sets (the graph's cycles)."""
+    circles: list[set[str]] = []
+    for module in sorted(graph):
+        circle = {m for m in closure(graph, module) if module in closure(graph, m)}
+        if len(circle) > 1 and circle not in circles:
+            circles.append(circle)
+    return circles
+
+
+def module_imports() -> dict[str, set[str]]:
+    """Module -> the project modules its own import statements name (packages' ``__init__`` left out: importing a
+    package's module runs its ``__init__``, and a package that gathers its modules would tie all of them)."""
+    modules = module_files()
+    packages = {name for name, path in modules.items() if path.name == "__init__.py"}
+    return {name: imports_of(path, name, modules)[0] - packages for name, path in modules.items()
+            if name not in packages}
+
+
+def test_no_two_modules_import_each_other():
+    """Issue 52: ``nas.cli.export_hf`` took ``warn_skipped`` from ``nas.cli.results``, which took
+    ``export_model_dir`` from it (both now take it from ``nas.cli.skipped``), and ``reports.kv_cache`` and
+    ``reports.summary`` imported each other (the answer is now one value, ``nas.stats.answer``, both render)."""
+    assert module_circles(module_imports()) == []
+    assert module_circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
+
+
 def test_optuna_private_api_is_used_in_one_module_only():
     found = []
     for name, path in module_files().items():

@@ -124,6 +124,37 @@ def test_a_study_of_failures_only_counts_them_by_reason_and_draws_nothing():
     assert sum(page.figures.values()) == 0
 
 
+def test_a_study_whose_every_trial_was_pruned_draws_no_importances_and_logs_no_warning():
+    """Issue 52: ``nas report`` on an all-pruned study printed Optuna's ``[W ...] Study instance does not contain
+    completed trials.`` (its importances plot logs it); the section says so in its own words instead."""
+    import logging
+
+    from reports.dynamics import dynamics_section
+
+    trained = synthetic_study(SyntheticSpec(space="prism", trials=6, diverge_share=0.0))
+    study = optuna.create_study(study_name="pruned")
+    for key, value in trained.user_attrs.items():
+        study.set_user_attr(key, value)
+    for t in trained.trials:
+        study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.PRUNED, params=t.params,
+                                                  distributions=t.distributions, user_attrs=t.user_attrs,
+                                                  intermediate_values=t.intermediate_values))
+    logged: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            logged.append(record.getMessage())
+
+    handler = Keep(logging.WARNING)
+    logging.getLogger("optuna").addHandler(handler)
+    try:
+        section = dynamics_section(read_study(study))
+    finally:
+        logging.getLogger("optuna").removeHandler(handler)
+    assert logged == []
+    assert any("Parameter importances: not available (no trial has completed a training" in n for n in section.notes)
+
+
 @pytest.mark.parametrize("objective", ["params", "tokens_per_s"])
 def test_a_multi_objective_study_draws_its_pareto_front(objective):
     html, page = page_of(synthetic_study(SyntheticSpec(space="hourglass", trials=40, objectives=("loss", objective))))

@@ -103,3 +103,45 @@ def test_rerun_with_bad_input_is_one_line_and_exit_2(proxy_study, tmp_path, args
     assert result.exit_code == 2, result.output
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and says in lines[0], result.stderr
+
+
+def processes_naming(text: str) -> list[str]:
+    """The command lines of running processes that mention ``text`` (a run's folder)."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            found.append(cmdline)
+    return found
+
+
+def test_ctrl_c_while_the_next_run_launches_stops_the_child_as_quietly_as_the_parent(tmp_path):
+    """Issue 52: a terminal's Ctrl-C reaches the whole foreground process group; the launched `nas train`, still
+    importing, printed its own KeyboardInterrupt traceback (or an "Exception ignored in atexit callback" one) under
+    the parent's line."""
+    from benchmarks.synthetic_studies import SyntheticSpec, synthetic_study
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = sqlite_url(tmp_path / "nas.db")
+    synthetic_study(SyntheticSpec(space="prism", preset="tiny", trials=6), storage=storage, name="proxy")
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen([*NAS, *RERUN, "--storage", storage, "--runs", str(runs)], cwd=tmp_path, env=nas_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # its own group: the test's Ctrl-C reaches it and its children
+    lines = [proc.stderr.readline()]
+    assert ": training in " in lines[0], lines  # the first run is being launched
+    deadline = time.monotonic() + 60
+    while not processes_naming(f"--out {runs}") and time.monotonic() < deadline:
+        time.sleep(0.005)
+    time.sleep(0.2)  # the child is importing: the window of the issue
+    os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: every process of the group
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=60) == 130
+    said = "".join(lines) + rest
+    assert "Traceback" not in said and "Exception ignored" not in said and "KeyboardInterrupt" not in said, said
+    assert rest.strip().splitlines() == ["interrupted: finished runs are recorded; re-run the same command to resume"]
+    time.sleep(0.5)
+    assert processes_naming(str(runs)) == []  # the run did not go on alone

@@ -83,14 +83,20 @@ def export_model_dir(study_name: str | None, storage: str, rank_text: str | None
     rank = parse_rank(rank_text)
     from nas.arch import ArchConfig
     from nas.hf.card import Provenance
-    from nas.hf.export import check_target, write_model_dir
+    from nas.hf.export import write_model_dir
     from nas.hf.run import read_run
+    from nas.hf.target import check_target
 
-    check_target(output, force)  # before any reading: a refused target costs nothing
+    reads = [checkpoint] if checkpoint is not None else []
+    if study_name is not None or checkpoint is None:
+        from nas.study.storage import storage_file
+
+        reads += [path for path in (storage_file(storage),) if path is not None]
+    check_target(output, force, reads)  # before any reading: a refused target costs nothing
     run = read_run(checkpoint) if checkpoint is not None else None
     row, data_name, context = None, None, DEFAULT_CONTEXT
     if study_name is not None or run is None:
-        from nas.cli.results import warn_skipped
+        from nas.cli.skipped import warn_skipped
         from nas.study.storage import open_existing_study
         from reports.export import export_rows
         from reports.frame import read_study
@@ -117,8 +123,10 @@ def export_model_dir(study_name: str | None, storage: str, rank_text: str | None
         arch = ArchConfig.from_dict(row["arch"])
     provenance = Provenance(row=row, run=run.info if run else None, data=None if run else data_name)
     done = write_model_dir(arch, output, fmt, provenance, weights=run.weights if run else None, context=context,
-                           force=force)
+                           force=force, reads=reads)
     weights = f"trained weights of {run.path} (step {run.info['step']})" if run else "freshly initialised weights"
     what = "PrismForCausalLM, load with trust_remote_code=True" if done.layout == "prism" else "LlamaForCausalLM"
     origin = f", row {row['rank']} of study {row['study']!r}" if row else ""
-    typer.echo(f"wrote {done.path} ({arch.label()}{origin}; {what}; {weights}): {', '.join(done.files)}", err=True)
+    kept = f"; kept {', '.join(done.kept)} (not written by an export)" if done.kept else ""
+    typer.echo(f"wrote {done.path} ({arch.label()}{origin}; {what}; {weights}): {', '.join(done.files)}{kept}",
+               err=True)

@@ -18,6 +18,7 @@ from nas.units import parse_size
 
 if TYPE_CHECKING:
     import optuna
+    import torch
 
     from nas.data import TokenData
     from nas.rerun.launch import LaunchOptions
@@ -50,6 +51,7 @@ class Target:
     train: TrainConfig
     dataset: TokenData
     options: LaunchOptions
+    device: torch.device  # where the runs train (runners.device.check_runnable: present, its dtype, its compiler)
 
 
 def check_target(preset: str, tokens: str | None, data: str, nproc: int, device: str | None, compile: bool | None,
@@ -58,7 +60,7 @@ def check_target(preset: str, tokens: str | None, data: str, nproc: int, device:
     tokens, the device (and whether it compiles there), the data and the split of the global batch."""
     from nas.data import load_data
     from nas.rerun.launch import LaunchOptions
-    from runners.device import compiles_by_default, resolve_device
+    from runners.device import check_runnable, compiles_by_default
     from runners.presets import get_preset
 
     for flag, value in (("--nproc", nproc),):
@@ -72,11 +74,11 @@ def check_target(preset: str, tokens: str | None, data: str, nproc: int, device:
     budget = parse_size(tokens, "--tokens") if tokens is not None else None
     given = {"tokens": budget, "device": device}
     target.train.with_(**{name: value for name, value in given.items() if value is not None})  # checks them
-    if device not in (None, "auto", "cpu"):
-        resolve_device(device)
+    name = device or target.train.device
+    where = f"--device {device}" if device else f"preset {preset}"
     if compile is None:  # by default on a GPU: where the runs will train
-        name = device or target.train.device
-        compile = name.startswith("cuda") or compiles_by_default(resolve_device(name))
+        compile = compiles_by_default(check_runnable(name, target.train.dtype, False, where))
+    run_device = check_runnable(name, target.train.dtype, compile, where)  # before anything is written
     dataset = load_data(data)  # a bad --data is refused here, not by the first run's process
     if target.train.batch_size % nproc:
         raise UsageError(f"--nproc {nproc} does not divide the preset's global batch of {target.train.batch_size} "
@@ -86,7 +88,7 @@ def check_target(preset: str, tokens: str | None, data: str, nproc: int, device:
                          f"{dataset.vocab_size}")
     options = LaunchOptions(preset=preset, data=data, tokens=budget, nproc=nproc, device=device, compile=compile,
                             micro_batch=micro_batch, checkpoint_every=checkpoint_every, threads=threads)
-    return Target(target, target.train.with_(**({"tokens": budget} if budget else {})), dataset, options)
+    return Target(target, target.train.with_(**({"tokens": budget} if budget else {})), dataset, options, run_device)
 
 
 @dataclass
@@ -102,11 +104,21 @@ class RerunBatch:
 
 
 def open_batch(proxy: StudyData, target: Target, shapes: list[PlannedShape], seeds: int, runs: Path,
-               storage: str) -> RerunBatch:
-    """The planned runs of ``shapes`` x ``seeds`` and the re-run study they are recorded in (made when missing)."""
+               storage: str, what: str) -> RerunBatch:
+    """The planned runs of ``shapes`` x ``seeds`` and the re-run study they are recorded in (made when missing); a
+    shape this machine cannot train (``runners.memory.check_fits``; ``what``: how the refusal names it, ``{rank}``
+    its proxy rank) is refused first, before the study or a folder is made."""
     from nas.rerun.plan import RerunSettings, plan_runs
     from nas.rerun.record import rerun_study
     from nas.study.storage import make_storage
+    from runners.memory import check_fits
+
+    options, train = target.options, target.train
+    for shape in shapes:
+        if shape.transfer.ok:
+            check_fits(shape.transfer.target, train, target.device, options.micro_batch or train.batch_size //
+                       options.nproc, options.nproc, f"preset {target.preset.name}: " +
+                       what.format(rank=shape.proxy_rank))
 
     settings = RerunSettings(proxy.name, proxy.identity, target.preset.name,
                              {**target.train.result_fields(), "seed": None}, target.dataset.fingerprint)
@@ -144,8 +156,7 @@ def train_runs(batch: RerunBatch) -> None:
                 typer.echo(f"{what}: training in {run.folder}", err=True)
                 code, result = launch(run, batch.target.options)
                 if result is None or result.get("status") not in ("ok", "diverged"):
-                    raise UsageError(f"{what} stopped with exit code {code}; see {run.folder / 'log.jsonl'} and "
-                                     "re-run the same command to resume it")
+                    raise UsageError(stopped(what, code, run.folder))
             record(batch.results, run, result, list(batch.proxy.scores[run.shape.proxy_key].trials), batch.settings)
             trained += 1
             eta = (time.perf_counter() - started) / trained * (left - trained)
@@ -154,6 +165,17 @@ def train_runs(batch: RerunBatch) -> None:
     except KeyboardInterrupt:
         typer.echo("interrupted: finished runs are recorded; re-run the same command to resume", err=True)
         raise typer.Exit(130) from None
+
+
+def stopped(what: str, code: int, folder: Path) -> str:
+    """Why a launched run ended without a result, and what helps: its own refusal (exit 2, the line above it says
+    why: the same command would meet it again), or a stop that the same command resumes from the run's log."""
+    if code == 2:
+        return (f"{what}: nas train refused it (exit code 2, the line above says why); fix that, then run the same "
+                "command")
+    log = folder / "log.jsonl"
+    see = f"; see {log}" if log.exists() else ""
+    return f"{what} stopped with exit code {code}{see}; run the same command to resume it"
 
 
 @app.command()
@@ -203,7 +225,7 @@ def rerun(
     for shape in shapes:
         if not shape.transfer.ok:
             typer.echo(f"skipped rank {shape.proxy_rank} ({shape.proxy_key}): {shape.transfer.refused}", err=True)
-    batch = open_batch(proxy, target, shapes, seeds, runs, storage)
+    batch = open_batch(proxy, target, shapes, seeds, runs, storage, "training rank {rank} as")
     train_runs(batch)
     reruns = read_reruns(batch.storage, proxy.name)
     label = batch.results.user_attrs["nas:rerun_label"]

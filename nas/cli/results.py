@@ -4,28 +4,21 @@ from __future__ import annotations
 
 import json
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
 from nas.cli.app import app
 from nas.cli.options import StorageOpt, StudyOpt, TableOrJson, choices
+from nas.cli.skipped import warn_skipped
 from nas.errors import UsageError, printable
 from nas.files import OutputFile
 from nas.study.config import DEFAULT_STORAGE, display_url
 
-if TYPE_CHECKING:
-    from reports.frame import StudyData
-
+DEFAULT_TOP = 10
 TopOpt = Annotated[int, typer.Option("--top", help="How many shapes (the baseline is always shown).")]
 PlotlyJs = choices("PlotlyJs", ("inline", "cdn"))
 ExportFormat = choices("ExportFormat", ("json", "hf", "llama"))
-
-
-def warn_skipped(data: StudyData) -> None:
-    """One warning line on stderr per trial whose stored attrs could not be read (``reports.frame.readable_trials``)."""
-    for line in data.skipped:
-        typer.echo(f"warning: {line}", err=True)
 
 
 @app.command()
@@ -41,18 +34,19 @@ def studies(storage: StorageOpt = DEFAULT_STORAGE) -> None:
     if not listed:
         typer.echo(f"{display_url(storage)} holds no study yet")
         return
+    from rich.cells import cell_len  # columns a terminal gives the text: two for a wide (CJK) character
+
     listed = [(printable(name), kind, n) for name, kind, n in listed]
-    width = max(len(name) for name, _, _ in listed)
-    typer.echo(f"{'study':<{width}}  {'trials':>6}  kind")
-    for name, kind, n in listed:
-        typer.echo(f"{name:<{width}}  {n:>6}  {kind}")
+    width = max(cell_len(name) for name, _, _ in listed + [("study", "", 0)])
+    for name, kind, n in [("study", "kind", "trials"), *listed]:
+        typer.echo(f"{name}{' ' * (width - cell_len(name))}  {n:>6}  {kind}")
 
 
 @app.command()
 def best(
     study_name: StudyOpt = None,
     storage: StorageOpt = DEFAULT_STORAGE,
-    top: TopOpt = 10,
+    top: TopOpt = DEFAULT_TOP,
     format: Annotated[TableOrJson, typer.Option("--format", help="Output format.")] = TableOrJson.table,
 ) -> None:
     """The leaderboard: shape, the two gains over the baseline (the answer's interval first and starred: the expected
@@ -123,7 +117,7 @@ def report(
     study_name: StudyOpt = None,
     storage: StorageOpt = DEFAULT_STORAGE,
     output: Annotated[str, typer.Option("-o", "--output", help="The HTML file to write.")] = "report.html",
-    top: TopOpt = 10,
+    top: TopOpt = DEFAULT_TOP,
     plotlyjs: Annotated[PlotlyJs, typer.Option("--plotlyjs", help="inline: plotly.js embedded once, the page opens "
                                                "with no network (~5 MB); cdn: a small file that loads it from "
                                                "plotly's CDN.")] = PlotlyJs.inline,
@@ -150,7 +144,9 @@ def report(
 def export(
     study_name: StudyOpt = None,
     storage: StorageOpt = DEFAULT_STORAGE,
-    top: TopOpt = 10,
+    top: Annotated[int | None, typer.Option("--top", help="json: how many shapes (default 10; the baseline is "
+                                            "always among them). hf and llama export one shape: --rank.",
+                                            show_default=False)] = None,
     output: Annotated[str | None, typer.Option("-o", "--output", help="The JSON file to write (default, or -: "
                                                "standard output).", show_default=False)] = None,
     format: Annotated[ExportFormat, typer.Option("--format", help="json: the rows; hf: one shape as a Hugging "
@@ -165,7 +161,9 @@ def export(
                                                    "rerun` run folder (or its checkpoint.pt) whose trained weights "
                                                    "to export (default: freshly initialised weights).",
                                                    show_default=False)] = None,
-    force: Annotated[bool, typer.Option("--force", help="hf, llama: replace the model directory -o DIR holds.")]
+    force: Annotated[bool, typer.Option("--force", help="hf, llama: replace the model directory an earlier export "
+                                        "wrote in -o DIR (its nas-export.json): its files only; files you added "
+                                        "there are kept.")]
     = False,
 ) -> None:
     """The best shapes and the baseline as JSON rows: each shape (a valid `nas train --config`, `--rank N`) with
@@ -173,6 +171,10 @@ def export(
     `--format hf` writes one shape (and a checkpoint's weights) as a model directory that transformers loads."""
     if format.value != "json":
         from nas.cli.export_hf import export_model_dir
+
+        if top is not None:
+            raise UsageError(f"--top {top} goes with --format json (rows); --format {format.value} writes one shape: "
+                             "pick it with --rank N (default 1, the best) or --rank baseline")
 
         export_model_dir(study_name, storage, rank, checkpoint, output, format.value, force)
         return
@@ -182,6 +184,7 @@ def export(
     from reports.export import export_rows
     from reports.frame import read_study
 
+    top = DEFAULT_TOP if top is None else top
     if top < 1:
         raise UsageError(f"--top {top} is invalid: give at least 1")
     target = OutputFile.of("-" if output is None else output, "-o", stdout_ok=True)

@@ -159,7 +159,7 @@ def confirm_rules(proxy: StudyData, chosen: tuple[Rule, ...], preset: str, shape
                f"{seeds} common seeds: {total} runs of {target.train.tokens:,} tokens"
                + (f", about {format_duration(per_run * total)} on this machine (from the proxy's own speed)"
                   if per_run else ""), err=True)
-    batch = open_batch(proxy, target, planned, seeds, runs, storage)
+    batch = open_batch(proxy, target, planned, seeds, runs, storage, "training proxy rank {rank} as")
     train_runs(batch)
     typer.echo(f"done. Next: nas report --study-name {shlex.quote(proxy.name)} --storage "
                f"{shlex.quote(display_url(storage))} -o report.html (its Design rules section shows both budgets)",

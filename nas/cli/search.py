@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import shlex
 import sys
-from typing import Annotated, Any
+from collections import Counter
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -14,6 +16,33 @@ from nas.cli.space import with_space_options
 from nas.errors import UsageError
 from nas.study.config import DEFAULT_STORAGE, display_url
 from search_spaces.factory import SpaceOptions
+
+if TYPE_CHECKING:
+    from optuna.trial import FrozenTrial
+
+
+FAILURE_WORDS = {"diverged": "diverged", "oom": "ran out of memory"}
+
+
+def trained_text(trials: Sequence[FrozenTrial]) -> tuple[str, bool]:
+    """The search's last line's count of trained trials (with those that failed: diverged or ran out of memory, which
+    the board leaves out), and whether every one of them failed (none has a score, so there is no answer to state)."""
+    from optuna.trial import TrialState
+
+    from nas.study.records import counts
+
+    trained = [t for t in trials if counts(t)]
+    failed = Counter(str(t.user_attrs.get("status")) for t in trained if t.state == TrialState.FAIL)
+    text = f"{len(trained)} trained trials"
+    if not trained or sum(failed.values()) < len(trained):  # some failed: said, since the board leaves them out
+        parts = ", ".join(f"{n} {FAILURE_WORDS.get(status, status)}" for status, n in sorted(failed.items()))
+        return text + (f" ({parts}: recorded as failures, not on the board)" if failed else ""), False
+    if len(failed) == 1:
+        (status,) = failed
+        return f"{text}, all {FAILURE_WORDS.get(status, status)}: no shape has a score" + (
+            " (a lower --lr may train them)" if status == "diverged" else ""), True
+    parts = ", ".join(f"{n} {FAILURE_WORDS.get(status, status)}" for status, n in sorted(failed.items()))
+    return f"{text}, all failed ({parts}): no shape has a score", True
 
 
 def _train_overrides(**values: Any) -> tuple[tuple[str, Any], ...]:
@@ -123,7 +152,7 @@ def search(
     from nas.study.parallel import run_search
     from nas.study.signals import interruptible
     from nas.study.storage_faults import first_line, storage_failure
-    from nas.study.worker import SearchAborted, trials_done
+    from nas.study.worker import SearchAborted
     from reports.dashboard_note import NoteRefresher
 
     interruptible()
@@ -150,10 +179,12 @@ def search(
     from reports.summary import summarise
 
     name, shown = shlex.quote(result.config.study_name), shlex.quote(display_url(storage))
-    summary = summarise(read_study(result.study))
-    rules = f" {summary.rules_text}" if summary.rules_text else ""
-    typer.echo(f"done: study {result.config.study_name!r} holds {trials_done(result.study)} trained trials "
-               f"(peak memory {largest_process_mb():.0f} MB, the largest of its processes). "
-               f"{summary.sentence}{rules} Next: nas best --study-name {name} --storage {shown}; "
-               f"nas rules --study-name {name} --storage {shown}; "
+    trained, all_failed = trained_text(result.study.get_trials(deepcopy=False))
+    memory = f" (peak memory {largest_process_mb():.0f} MB, the largest of its processes)"
+    answer = ""
+    if not all_failed:  # a study without a score has no answer to state
+        summary = summarise(read_study(result.study))
+        answer = f" {summary.sentence}" + (f" {summary.rules_text}" if summary.rules_text else "")
+    typer.echo(f"done: study {result.config.study_name!r} holds {trained}{memory}.{answer} Next: nas best "
+               f"--study-name {name} --storage {shown}; nas rules --study-name {name} --storage {shown}; "
                f"nas report --study-name {name} --storage {shown} -o report.html", err=True)

@@ -56,8 +56,10 @@ def round_up(n: int, multiple: int = 64) -> int:
 
 
 def is_validation_file(rel: str) -> bool:
-    """The fixed by-file split rule (see the module docstring)."""
-    return int(hashlib.sha1(rel.encode()).hexdigest(), 16) % VAL_MODULUS == 0
+    """The fixed by-file split rule (see the module docstring). ``rel`` is hashed as the bytes of the name on disk: a
+    name found in a folder that is not valid UTF-8 arrives with its bytes as surrogates (``surrogateescape``), and
+    a valid name hashes as before."""
+    return int(hashlib.sha1(rel.encode("utf-8", "surrogateescape")).hexdigest(), 16) % VAL_MODULUS == 0
 
 
 def _read(path: str | Path, size: int | None = None) -> bytes:

@@ -11,7 +11,9 @@ The weights are a ``nas.model.Transformer`` state dict (a checkpoint's), loaded 
 shape first, so weights of another shape are refused; without one, the project's own
 initialisation at a fixed seed. The directory is written into a temporary folder beside the
 target and renamed into place: a failure leaves nothing behind, and a reader never sees half a
-model. An existing target must be empty, or hold a model directory (``config.json``) and ``force``.
+model. An existing target must be empty, or hold a model directory an earlier export wrote (its record,
+``nas-export.json``) and ``force``, which replaces that export's files only (``nas.hf.target``). Every file
+is readable as the folder's others are (the umask's mode, as for any file written).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,7 @@ from nas.arch import ArchConfig
 from nas.errors import UsageError
 from nas.hf.card import Provenance, model_card
 from nas.hf.mapping import PRISM_FILES, hf_state_dict, llama_config, llama_refusal, prism_config
+from nas.hf.target import MANIFEST, check_target, manifest_text, move_into_place
 from nas.model.transformer import Transformer
 
 FORMATS = {"hf": "prism", "llama": "llama"}  # --format -> layout
@@ -44,28 +47,9 @@ WEIGHTS = "model.safetensors"
 class Exported:
     path: Path
     layout: str
-    files: tuple[str, ...]
+    files: tuple[str, ...]  # what the export wrote, its record (MANIFEST) included
     trained: bool
-
-
-def check_target(out: Path, force: bool) -> Path:
-    """``out`` as an absolute path that can become the model directory; ``UsageError`` saying why not."""
-    out = Path(os.path.abspath(out))
-    if out.exists() or out.is_symlink():
-        if not out.is_dir():
-            raise UsageError(f"-o {str(out)!r} is a file: give a folder for the model directory")
-        if any(out.iterdir()):
-            if not force:
-                raise UsageError(f"-o {str(out)!r} exists and is not empty: give a new folder, or --force to "
-                                 "replace the model directory it holds")
-            if not (out / "config.json").is_file():
-                raise UsageError(f"-o {str(out)!r} is not empty and holds no config.json: --force replaces a model "
-                                 "directory only; give a new folder")
-    if not out.parent.is_dir():
-        raise UsageError(f"-o {str(out)!r}: its folder {str(out.parent)!r} does not exist")
-    if not os.access(out.parent, os.W_OK | os.X_OK):
-        raise UsageError(f"-o {str(out)!r}: its folder {str(out.parent)!r} is not writable")
-    return out
+    kept: tuple[str, ...] = ()  # the user's entries a forced replacement carried over
 
 
 def project_state(arch: ArchConfig, weights: Mapping[str, torch.Tensor] | None,
@@ -98,35 +82,20 @@ def _umask() -> int:
     return current
 
 
-def _move_into_place(tmp: Path, out: Path) -> None:
-    """Rename ``tmp`` to ``out``; an existing ``out`` (empty, or a model directory being replaced) is moved aside
-    first and removed after, so ``out`` is always either the old directory or the new one, whole."""
-    if not (out.exists() or out.is_symlink()):
-        os.replace(tmp, out)
-        return
-    aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
-    os.replace(out, aside / out.name)
-    try:
-        os.replace(tmp, out)
-    except OSError:
-        os.replace(aside / out.name, out)  # the old directory back where it was
-        raise
-    finally:
-        shutil.rmtree(aside, ignore_errors=True)
-
-
 def write_model_dir(arch: ArchConfig, out: Path, fmt: str = "hf", provenance: Provenance | None = None,
                     weights: Mapping[str, torch.Tensor] | None = None, context: int = 2048,
-                    force: bool = False) -> Exported:
+                    force: bool = False, reads: Sequence[Path] = ()) -> Exported:
     """Write the model directory of ``arch`` to ``out`` (see the module docstring); ``context`` is the sequence
-    length it was trained (or searched) at, stated as ``max_position_embeddings``."""
+    length it was trained (or searched) at, stated as ``max_position_embeddings``; ``reads``: what the command
+    reads (the storage, the checkpoint), which ``force`` never replaces (``nas.hf.target``)."""
     if fmt not in FORMATS:
         raise UsageError(f"--format {fmt!r} is not a model directory format: choose {' or '.join(FORMATS)}")
     layout = FORMATS[fmt]
     if layout == "llama" and (why := llama_refusal(arch)):
         raise UsageError(f"--format llama: {arch.label()} is no LLaMA: {why}; use --format hf")
     provenance = provenance or Provenance()
-    out = check_target(out, force)
+    target = check_target(out, force, reads)
+    out = target.path
     state = hf_state_dict(project_state(arch, weights, provenance.seed), arch, layout)
     config: dict[str, Any] = prism_config(arch, context) if layout == "prism" else llama_config(arch, context)
     tmp = None
@@ -138,12 +107,17 @@ def write_model_dir(arch: ArchConfig, out: Path, fmt: str = "hf", provenance: Pr
         if layout == "prism":
             for name in PRISM_FILES:
                 _write(tmp / name, (REMOTE / name).read_text(encoding="utf-8"))
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's folder is private; a model directory is not
-        files = tuple(sorted(p.name for p in tmp.iterdir()))
-        _move_into_place(tmp, out)
+        written = sorted(p.name for p in tmp.iterdir())
+        _write(tmp / MANIFEST, manifest_text(tmp, written))
+        files = tuple(sorted((*written, MANIFEST)))
+        shared = 0o666 & ~_umask()  # safetensors writes its file private (0600); a model directory is shared
+        for name in files:
+            os.chmod(tmp / name, shared)
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's folder is private too
+        move_into_place(tmp, target)
     except (OSError, SafetensorError) as error:
         raise UsageError(f"cannot write -o {str(out)!r}: {getattr(error, 'strerror', None) or error}") from None
-    finally:
-        if tmp is not None:
+    finally:  # a failed replacement put the user's entries back; never remove a folder that still holds one
+        if tmp is not None and tmp.exists() and not any(os.path.lexists(tmp / name) for name in target.kept):
             shutil.rmtree(tmp, ignore_errors=True)
-    return Exported(path=out, layout=layout, files=files, trained=weights is not None)
+    return Exported(path=out, layout=layout, files=files, trained=weights is not None, kept=target.kept)

@@ -2,15 +2,19 @@
 
 Each run is a fresh process (a clean CUDA context, its own process group). The child dies with
 its parent (Linux ``PR_SET_PDEATHSIG``), so killing ``nas rerun`` stops the training too and the
-same command resumes it from its checkpoint. The child's progress lines go to our stderr; its
-result JSON is read back from the run's folder.
+same command resumes it from its checkpoint. The child runs in a session of its own, so a
+terminal's Ctrl-C reaches the parent alone, which stops the child without a word from it. The
+child's progress lines go to our stderr; its result JSON is read back from the run's folder.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from nas.rerun.plan import PlannedRun
@@ -45,12 +49,51 @@ def train_command(run: PlannedRun, options: LaunchOptions) -> list[str]:
     return [sys.executable, "-m", "nas.cli", *args]
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children first found, then theirs), read from ``/proc``; [] elsewhere."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])  # the field after the state; comm may hold spaces
+        parents.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def stop_quietly(child: subprocess.Popen) -> None:
+    """End a launched run and everything it started (torchrun's workers run in sessions of their own) with SIGKILL:
+    nothing prints a traceback, and the run resumes from its last checkpoint (written whole or not at all)."""
+    for pid in [child.pid, *descendants(child.pid)]:  # listed before the first dies and its children move away
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    child.wait()
+
+
 def launch(run: PlannedRun, options: LaunchOptions) -> tuple[int, dict[str, Any] | None]:
-    """Train ``run`` to its end (resuming its checkpoint if it has one): (exit code, its result or None)."""
+    """Train ``run`` to its end (resuming its checkpoint if it has one): (exit code, its result or None).
+
+    The child runs in a session of its own, so a terminal's Ctrl-C (SIGINT to the whole foreground process group)
+    reaches ``nas rerun`` alone, which says so in its one line; the child is then stopped quietly
+    (``stop_quietly``) instead of printing its own ``KeyboardInterrupt`` traceback."""
     run.folder.mkdir(parents=True, exist_ok=True)
     config = run.folder / "arch.json"
     if not config.exists():
         config.write_text(run.target.to_json())
     with open(run.folder / "stdout.json", "w") as stdout:
-        code = subprocess.call(train_command(run, options), stdout=stdout, preexec_fn=die_with_parent)
+        child = subprocess.Popen(train_command(run, options), stdout=stdout, preexec_fn=die_with_parent,
+                                 start_new_session=True)
+        try:
+            code = child.wait()
+        except BaseException:  # Ctrl-C, SIGTERM turned into an exception, anything: the run must not go on alone
+            stop_quietly(child)
+            raise
     return code, read_result(run.folder)

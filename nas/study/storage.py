@@ -75,6 +75,15 @@ def parse_url(url: str) -> sqlalchemy.URL:
     return parsed
 
 
+def storage_file(url: str) -> Path | None:
+    """The file an ``sqlite:///`` storage lives in (absolute; its ``-wal`` and ``-shm`` files lie beside it), None for
+    a database server; ``UsageError`` for a URL ``parse_url`` refuses."""
+    parsed = parse_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return None
+    return user_path(parsed.database, "storage file", stored=True).absolute()
+
+
 def _sqlite_timeout(parsed: sqlalchemy.URL, url: str) -> float:
     """The URL's ``?timeout=`` (seconds SQLite waits for the write lock), else ``SQLITE_BUSY_TIMEOUT_S``."""
     value = parsed.query.get("timeout")

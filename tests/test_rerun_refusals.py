@@ -1,0 +1,80 @@
+"""A re-run that cannot start does not start (issue 52, family 4): ``nas rerun`` checks what its runs need (the
+preset's device, dtype and compiler) before it writes anything: one line, exit 2, no run folder, no re-run study in
+the storage, no child launched. Fast: a study made without training (``benchmarks.synthetic_studies``)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import optuna
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from benchmarks.synthetic_studies import SyntheticSpec, synthetic_study
+from nas.cli import app
+
+
+@pytest.fixture
+def study(tmp_path) -> str:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = f"sqlite:///{tmp_path / 'nas.db'}"
+    synthetic_study(SyntheticSpec(space="prism", preset="tiny", trials=6), storage=storage, name="proxy")
+    return storage
+
+
+def refused(storage: str, tmp_path: Path, *args: str) -> str:
+    """Run ``nas rerun``; assert it is one line, exit 2, and wrote nothing; return the line."""
+    before = hashlib.sha256((tmp_path / "nas.db").read_bytes()).hexdigest()
+    result = CliRunner().invoke(app, ["rerun", "--storage", storage, "--runs", str(tmp_path / "runs"), *args])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert not (tmp_path / "runs").exists()
+    assert hashlib.sha256((tmp_path / "nas.db").read_bytes()).hexdigest() == before
+    assert optuna.get_all_study_names(storage) == ["proxy"]  # no re-run study was added
+    return lines[0]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+@pytest.mark.parametrize("args, says", [
+    (["--preset", "gpu-prism"], "preset gpu-prism: this machine has no 'cuda' device: run it where there is one, or "
+                                "give --device cpu (or auto)"),
+    (["--preset", "tiny", "--device", "cuda:1"], "--device cuda:1: this machine has no 'cuda:1' device"),
+])
+def test_a_preset_whose_device_this_machine_lacks_is_refused_before_anything_is_written(study, tmp_path, args, says):
+    """It created the run folder and a ``proxy:rerun:gpu-prism`` study, launched the child, then pointed at a
+    log.jsonl that did not exist and said to re-run the same command."""
+    assert says in refused(study, tmp_path, *args)
+
+
+def test_a_compiled_run_without_the_compiler_it_needs_is_refused(study, tmp_path, monkeypatch):
+    import torch._inductor.config as inductor
+
+    monkeypatch.setattr(inductor.cpp, "cxx", ("no-such-c++-compiler",))
+    line = refused(study, tmp_path, "--preset", "tiny", "--device", "cpu", "--compile")
+    assert "--device cpu: torch.compile needs a C++ compiler (g++ or clang++, or $CXX) on this machine" in line
+    assert line.endswith("give --no-compile")
+
+
+def test_a_run_that_stopped_points_at_its_log_only_where_there_is_one_and_a_refusal_is_not_resumed(tmp_path):
+    from nas.cli.rerun import stopped
+
+    assert stopped("[1/2] baseline", 2, tmp_path) == ("[1/2] baseline: nas train refused it (exit code 2, the line "
+                                                      "above says why); fix that, then run the same command")
+    assert stopped("[1/2] baseline", 1, tmp_path) == "[1/2] baseline stopped with exit code 1; run the same command " \
+                                                     "to resume it"
+    (tmp_path / "log.jsonl").write_text("{}\n")
+    assert f"exit code 1; see {tmp_path / 'log.jsonl'}; run" in stopped("[1/2] baseline", 1, tmp_path)
+
+
+def test_a_shape_the_machine_cannot_train_at_the_target_is_refused_before_anything_is_written(study, tmp_path,
+                                                                                           monkeypatch):
+    """The run would refuse it too (``runners.memory``), after the re-run had made its folder and its study."""
+    import runners.memory
+
+    monkeypatch.setattr(runners.memory, "available_bytes", lambda device: (10**6, "this machine has available"))
+    line = refused(study, tmp_path, "--preset", "tiny", "--nproc", "2")
+    assert "preset tiny: training rank " in line and " x 2 processes (" in line
+    assert line.endswith("but this machine has available 1.0 MB: give a smaller shape")
