@@ -117,6 +117,11 @@ def detail_sentences(data: StudyData, answer: Answer) -> str:
                    + (" and were not raced." if unraced else "."))
     if answer.cheapest is not None:
         out.append(kv_sentence(data, answer.cheapest))
+    failed = {what.removeprefix("failed (").removesuffix(")"): n for what, n in outcome_counts(data).items()
+              if what.startswith("failed (") and n}
+    if failed:  # a proxy that diverges on some shapes leaves them out: the answer says so, not only the counts
+        parts = ", ".join(f"{n} {why}" for why, n in sorted(failed.items()))
+        out.append(f"Left out of the board: {parts} (recorded as failures; their shapes have no score here).")
     return " ".join(out)
 
 

@@ -161,7 +161,9 @@ def test_best_table_lists_every_shape_and_marks_the_baseline(small_study):
     storage, name, _ = small_study
     result = invoke("best", "--study-name", name, "--storage", storage)
     assert result.exit_code == 0, result.output
-    sentence, header, *rows, legend = result.stdout.splitlines()
+    lines = result.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("rank "))
+    sentence, header, *rows, legend = lines[0], *lines[start:]
     assert legend.startswith("* the answer's interval: ")
     assert "the baseline" in sentence  # the summary sentence first, as the report says it
     for column in ("heads", "seeds", "expected gain % [95%]*", "paired gain % [95% CI]", "on base seeds", "tied",
