@@ -9,9 +9,10 @@ width and many more tokens: the baseline and the reference panel's 12 schedules 
 the head counts of 12 layers with 12 baseline heads) at ``--width`` (head dims ``width / h``), ``--tokens`` per run
 (tens of millions: several passes over the built-in text, the only data a machine without a network has), bf16, on
 ``--seeds`` common seeds, ``--processes`` runs at a time on the one GPU (small models leave it idle between kernels).
-Runs are written to the JSON as they finish (a run cut off by ``--budget-s`` is left out, never half-counted), and the
-Prism rules (``search_spaces.prism.PRISM_RULES``' defaults) are fitted by the rule model (``nas.stats.rules``) to
-whatever finished, beside the same rules on the CPU panel.
+Runs are written to the JSON as they finish; no run starts after ``--budget-s``, and one still under way
+``--grace-s`` later is cut off and left out, never half-counted. The Prism rules (``search_spaces.prism.PRISM_RULES``'
+defaults) are fitted by the rule model (``nas.stats.rules``) to whatever finished; ``python -m
+benchmarks.rule_fidelity`` has the same rules on the CPU's panel and proxies.
 """
 
 from __future__ import annotations
@@ -104,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=4, help="runs at a time on the one GPU")
     parser.add_argument("--compile", action="store_true", help="torch.compile each run (a cold compile a schedule)")
     parser.add_argument("--budget-s", type=float, default=420.0, help="start no run after this many seconds")
+    parser.add_argument("--grace-s", type=float, default=90.0, help="then wait this long for the runs under way")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     device, slug = device_name(args.smoke)
@@ -126,23 +128,25 @@ def main(argv: list[str] | None = None) -> int:
                                    "rules": rules_of(runs, shapes), "runs": runs}, indent=1) + "\n")
 
     context = multiprocessing.get_context("spawn")
+    waiting, running = list(jobs), []
     with context.Pool(args.processes, maxtasksperchild=1) as pool:
-        pending = []
-        for job in jobs:  # every job is queued; those not started within the budget are cancelled below
-            pending.append(pool.apply_async(_train_one, (job,)))
-        for result in pending:
-            left = args.budget_s - (time.perf_counter() - started)
-            try:
-                run = result.get(timeout=max(1.0, left + 600))
-            except multiprocessing.TimeoutError:
+        while waiting or running:
+            elapsed = time.perf_counter() - started
+            while waiting and len(running) < args.processes and elapsed < args.budget_s:  # no run starts after it
+                running.append(pool.apply_async(_train_one, (waiting.pop(0),)))
+            if not running:
                 break
-            runs.append(run)
-            save()
-            print(f"[{len(runs)}/{len(jobs)}] {run['label']} seed {run['seed']}: {run['status']} "
-                  f"{run['val_loss']} ({run['tokens_per_s']:,.0f} tok/s)", file=sys.stderr, flush=True)
-            if time.perf_counter() - started > args.budget_s:
+            for done in [r for r in running if r.ready()]:  # collected as they finish, whatever their order
+                running.remove(done)
+                run = done.get()
+                runs.append(run)
+                save()
+                print(f"[{len(runs)}/{len(jobs)}] {run['label']} seed {run['seed']}: {run['status']} "
+                      f"{run['val_loss']} ({run['tokens_per_s']:,.0f} tok/s)", file=sys.stderr, flush=True)
+            if elapsed > args.budget_s + args.grace_s:  # a run still going is cut off and left out, not half-counted
                 pool.terminate()
                 break
+            time.sleep(0.2)
     save()
     fitted = rules_of(runs, shapes)
     for rule in (fitted or {}).get("rules", []):

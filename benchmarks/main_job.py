@@ -40,7 +40,7 @@ from typing import Any
 
 DATA = Path(__file__).parent / "data"
 OUT = DATA / "main_job.json"
-ESTIMATE = re.compile(r"the (\d+) trials left take about (?:(\d+)h)?(\d+)m(\d+)s")
+ESTIMATE = re.compile(r"the (\d+) trials left take about (?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")  # format_duration
 
 
 def peak_flops() -> float:

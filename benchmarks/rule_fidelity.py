@@ -44,9 +44,21 @@ def scores_of(runs: list[dict[str, Any]], key_map: dict[str, str] | None = None)
 
 
 def fitted(scores: dict[str, ShapeScores], covariates: dict[str, tuple[float, ...]], names: tuple[str, ...],
-           baseline: str, squares: dict[str, str] | None = None) -> RuleFit | None:
+           baseline: str, squares: dict[str, str] | None = None, at: dict[str, float] | None = None) -> RuleFit | None:
     base = scores.get(baseline)
-    return fit_rules(scores, covariates, names, base.mean if base is not None else None, squares)
+    return fit_rules(scores, covariates, names, base.mean if base is not None else None, squares, at)
+
+
+def optima_of(budget: str, fit: RuleFit | None, rules: tuple[Any, ...]) -> list[dict[str, Any]]:
+    """The U's bottom at one budget (d_model/L, its interval; None when unbounded)."""
+    out = []
+    for rule in rules:
+        optimum = fit.optimum(rule.square_of, rule.name) if rule.square_of and fit is not None else None
+        if optimum is not None and optimum.x is not None:
+            bounded = optimum.low is not None and optimum.high is not None
+            out.append({"budget": budget, "d_over_L": 2 ** optimum.x, "inside": optimum.inside,
+                        "ci95": [2 ** optimum.low, 2 ** optimum.high] if bounded else None})
+    return out
 
 
 def estimate_row(fit: RuleFit | None, name: str) -> dict[str, Any]:
@@ -68,31 +80,26 @@ def axis(space: str) -> dict[str, Any]:
     covariates = {a.key(): tuple(rule.value(a, baseline) for rule in rules) for a in shapes}
     panel = load_panel(PANEL_FILES[space])
     panel_fit = fitted(scores_of(panel["runs"]), covariates, names, baseline.key(), squares)
-    rows = []
+    rows, optima = [], []
     configs = json.loads(CONFIG_FILES[space].read_text())["configs"]
-    for config in configs:
-        fit = fitted(scores_of(config["runs"], config["key_map"]), covariates, names, baseline.key(), squares)
-        for name in names:
-            verdict = fidelity(fit.estimate(name), panel_fit.estimate(name)) if fit and panel_fit else "no fit"
-            rows.append({"budget": config["name"], "tokens": config["train"]["tokens"], "rule": name,
-                         "runs": fit.runs if fit else 0, "shapes": fit.shapes if fit else 0,
-                         **estimate_row(fit, name), "fidelity at the panel": verdict})
-    for name in names:
+    budgets = [(c["name"], c["train"]["tokens"], scores_of(c["runs"], c["key_map"])) for c in configs]
+    for name, tokens, scores in budgets:
+        fit = fitted(scores, covariates, names, baseline.key(), squares)
+        # the panel read as --confirm reads a longer budget: a U's slope where this configuration read it
+        at = {e.name: e.at for e in fit.estimates if e.at is not None} if fit else None
+        longer = fitted(scores_of(panel["runs"]), covariates, names, baseline.key(), squares, at) if fit else None
+        for rule in names:
+            verdict = fidelity(fit.estimate(rule), longer.estimate(rule)) if fit and longer else "no fit"
+            rows.append({"budget": name, "tokens": tokens, "rule": rule, "runs": fit.runs if fit else 0,
+                         "shapes": fit.shapes if fit else 0, **estimate_row(fit, rule),
+                         "fidelity at the panel": verdict})
+        optima += optima_of(name, fit, rules)
+    for rule in names:
         rows.append({"budget": f"reference panel ({panel['train']['tokens']:,} tokens)",
-                     "tokens": panel["train"]["tokens"], "rule": name, "runs": panel_fit.runs if panel_fit else 0,
-                     "shapes": panel_fit.shapes if panel_fit else 0, **estimate_row(panel_fit, name),
+                     "tokens": panel["train"]["tokens"], "rule": rule, "runs": panel_fit.runs if panel_fit else 0,
+                     "shapes": panel_fit.shapes if panel_fit else 0, **estimate_row(panel_fit, rule),
                      "fidelity at the panel": "-"})
-    optima = []
-    for config_name, fit in [*((c["name"], fitted(scores_of(c["runs"], c["key_map"]), covariates, names,
-                                                   baseline.key(), squares)) for c in configs),
-                             ("reference panel", panel_fit)]:
-        for rule in rules:
-            if rule.square_of and fit is not None:
-                optimum = fit.optimum(rule.square_of, rule.name)
-                if optimum is not None and optimum.x is not None:
-                    bounded = optimum.low is not None and optimum.high is not None
-                    optima.append({"budget": config_name, "d_over_L": 2 ** optimum.x,
-                                   "ci95": [2 ** optimum.low, 2 ** optimum.high] if bounded else None})
+    optima += optima_of("reference panel", panel_fit, rules)
     return {"space": space, "rules": list(names), "rows": rows, "optima": optima}
 
 
@@ -109,6 +116,8 @@ def markdown(result: dict[str, Any]) -> str:
     for o in result["optima"]:
         where = (f"d_model/L = {o['d_over_L']:.0f} [{o['ci95'][0]:.0f}, {o['ci95'][1]:.0f}]" if o["ci95"] else
                  "not resolved (the curvature's interval holds 0)")
+        if o["ci95"] and not o["inside"]:
+            where += " (beyond the trained range: an extrapolation, the curve still falling where it was trained)"
         lines.append(f"- the U's bottom at {o['budget']}: {where}")
     return "\n".join(lines)
 

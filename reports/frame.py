@@ -98,7 +98,11 @@ class StudyData:
         budgets = () if self.reruns is None or self.reruns.empty else tuple(
             Budget(str(label), rerun_scores(runs)) for label, runs in self.reruns.groupby("preset", sort=True))
         squares = {rule.name: rule.square_of for rule in rules if rule.square_of}
-        return RuleInputs(tuple(rule.name for rule in rules), covariates, budgets, squares)
+        left_out = {"pruned": tuple(t.user_attrs["key"] for t in self.trials if counts(t)
+                                    and t.state == TrialState.PRUNED and t.user_attrs.get("key") in covariates),
+                    "failed": tuple(t.user_attrs["key"] for t in self.trials if counts(t)
+                                    and t.state == TrialState.FAIL and t.user_attrs.get("key") in covariates)}
+        return RuleInputs(tuple(rule.name for rule in rules), covariates, budgets, squares, left_out)
 
     def answer(self, rules: tuple[Rule, ...] | None = None) -> Answer:
         """The study's answer (``nas.stats.answer``) with ``rules`` (default: the catalog's defaults), built once."""

@@ -9,8 +9,10 @@ curvature is resolved, as its bottom with Fieller's interval.
 
 from __future__ import annotations
 
+import math
+
 from nas.stats.answer import RuleAnswer, RuleCheck
-from nas.stats.rules import RESOLVED, Optimum, RuleEstimate, RuleFit
+from nas.stats.rules import MIN_SHAPE_DF, RESOLVED, TOO_FEW_SHAPES, Optimum, RuleEstimate, RuleFit
 from search_spaces.base import Rule
 
 AT_PROXY = "at this proxy"
@@ -29,6 +31,9 @@ def effect_text(rule: Rule, estimate: RuleEstimate) -> str:
     """``+1.47 % [+0.87, +2.07] of the loss``; why there is no number otherwise."""
     if estimate.confounded_with is not None:
         return f"confounded with {estimate.confounded_with} (never varied apart from it: no number)"
+    if estimate.verdict == TOO_FEW_SHAPES:
+        return (f"too few shapes to say ({estimate.df} besides the rules and the intercept; a rule's interval needs "
+                f"{MIN_SHAPE_DF})")
     effect = change_pct(rule, estimate)
     if effect is None:
         return estimate.verdict
@@ -37,6 +42,14 @@ def effect_text(rule: Rule, estimate: RuleEstimate) -> str:
 
 def runs_text(fit: RuleFit) -> str:
     return f"{fit.runs} runs over {fit.shapes} shapes"
+
+
+def spread_text(fit: RuleFit) -> str:
+    """The variance components as a reader may take them: apart when some shape has two runs, else together."""
+    if fit.runs > fit.shapes:
+        return f"shape sd beyond the rules {fit.tau:.3f} nats, run sd {fit.sigma:.3f}"
+    return (f"one run a shape: the shapes' deviation and a run's luck read together, sd "
+            f"{math.hypot(fit.tau, fit.sigma):.3f} nats")
 
 
 def checks_text(rule: Rule, checks: tuple[RuleCheck, ...]) -> str:
@@ -51,7 +64,7 @@ def at_text(rule: Rule, estimate: RuleEstimate) -> str:
     if estimate.at is None:
         return ""
     where = rule.value_text(estimate.at) if rule.value_text else f"{rule.name} = {estimate.at:.3g}"
-    return f" (at {where}, the shapes' mean)"
+    return f" (at {where}, the {'proxy' if estimate.proxy_at else 'shapes'}' mean)"
 
 
 def rule_sentence(rule: Rule, fit: RuleFit, answer: RuleAnswer | None = None) -> str:
@@ -62,26 +75,37 @@ def rule_sentence(rule: Rule, fit: RuleFit, answer: RuleAnswer | None = None) ->
             f"{checks_text(rule, checks)}")
 
 
-def optimum_text(optimum: Optimum | None) -> str | None:
-    """``lowest near d_model/L = 215 [150, 310]`` for a U in log2 units; None when its bottom is not resolved."""
+def optimum_text(optimum: Optimum | None, rule: Rule | None = None) -> str | None:
+    """``lowest near d_model/L = 215 [150, 310]`` for a U (in ``rule``'s words: ``Rule.value_text``); that it is
+    still falling (rising) at the largest (smallest) value trained when its bottom lies beyond them; None when its
+    bottom is not resolved."""
     if optimum is None or optimum.x is None or optimum.low is None or optimum.high is None:
         return None
-    return f"lowest near d_model/L = {2 ** optimum.x:.0f} [{2 ** optimum.low:.0f}, {2 ** optimum.high:.0f}]"
+    show = rule.value_text if rule is not None and rule.value_text else (lambda v: f"{v:.3g}")
+    if optimum.x > optimum.highest:
+        return f"still falling at the largest value trained ({show(optimum.highest)}): its bottom lies beyond it"
+    if optimum.x < optimum.lowest:
+        return f"still rising from the smallest value trained ({show(optimum.lowest)}): its bottom lies below it"
+    low = show(optimum.low).split("= ")[-1] if optimum.low >= optimum.lowest else f"below {show(optimum.lowest)}"
+    high = show(optimum.high).split("= ")[-1] if optimum.high <= optimum.highest else \
+        f"beyond {show(optimum.highest).split('= ')[-1]}"
+    return f"lowest near {show(optimum.x)} [{low}, {high}]"
 
 
-def u_sentence(square: Rule, answer: RuleAnswer) -> str | None:
+def u_sentence(square: Rule, answer: RuleAnswer, rules: tuple[Rule, ...] = ()) -> str | None:
     """The width-depth U of a rule and its square: its bottom at this proxy and at each longer budget; None unless the
     proxy resolves its curvature."""
     fit = answer.proxy
-    if fit is None or square.square_of is None or fit.estimate(square.name).verdict != RESOLVED:
+    if fit is None or fit.pairs.get(square.name) != square.square_of or fit.estimate(square.name).verdict != RESOLVED:
         return None
-    bottom = optimum_text(fit.optimum(square.square_of, square.name))
+    linear = next((r for r in rules if r.name == square.square_of), None)
+    bottom = optimum_text(fit.optimum(square.square_of, square.name), linear)
     if bottom is None:
         return None
     longer = []
     for check in answer.checks(square.name):
         other = dict(answer.budgets)[check.budget]
-        there = optimum_text(other.optimum(square.square_of, square.name)) if other is not None else None
+        there = optimum_text(other.optimum(square.square_of, square.name), linear) if other is not None else None
         longer.append(f"curvature {check.verdict} at {check.budget}" + (f", {there}" if there else ""))
     tail = "; ".join(longer) or "not yet checked at a longer budget"
     return f"the width-depth curve is a U, {bottom} {AT_PROXY}, {runs_text(fit)}; {tail}"
@@ -96,7 +120,7 @@ def resolved_sentences(answer: RuleAnswer | None, rules: tuple[Rule, ...]) -> li
         if rule.name not in fit.names:
             continue
         if rule.square_of is not None:  # the curvature: the U's bottom, when the U is resolved
-            sentence = u_sentence(rule, answer)
+            sentence = u_sentence(rule, answer, rules)
             if sentence:
                 out.append(sentence)
         elif fit.estimate(rule.name).verdict == RESOLVED:
@@ -118,25 +142,45 @@ def estimate_json(rule: Rule, estimate: RuleEstimate) -> dict[str, object]:
 def fit_json(fit: RuleFit | None, rules: tuple[Rule, ...]) -> dict[str, object]:
     """A fit's size, its variance components, every rule and the U's bottom (in d_model/L)."""
     if fit is None:
-        return {"runs": 0, "shapes": 0, "rules": []}
+        return {"runs": None, "shapes": None, "rules": []}
     optima = []
     for rule in rules:
-        if rule.square_of and rule.square_of in fit.names and rule.name in fit.names:
+        if rule.square_of and fit.pairs.get(rule.name) == rule.square_of:
             optimum = fit.optimum(rule.square_of, rule.name)
             if optimum is not None and optimum.x is not None:
                 bounded = optimum.low is not None and optimum.high is not None
                 optima.append({"rule": rule.square_of, "log2_d_over_L": optimum.x, "d_over_L": 2 ** optimum.x,
-                               "d_over_L_ci95": [2 ** optimum.low, 2 ** optimum.high] if bounded else None})
-    return {"runs": fit.runs, "shapes": fit.shapes, "seeds": fit.seeds, "tau": fit.tau, "sigma": fit.sigma,
+                               "d_over_L_ci95": [2 ** optimum.low, 2 ** optimum.high] if bounded else None,
+                               "inside_the_trained_range": optimum.inside,
+                               "trained_range": [2 ** optimum.lowest, 2 ** optimum.highest]})
+    separable = fit.runs > fit.shapes  # one run a shape: only tau^2 + sigma^2 is identified
+    return {"runs": fit.runs, "shapes": fit.shapes, "seeds": fit.seeds, "tau": fit.tau if separable else None,
+            "sigma": fit.sigma if separable else None, "sd_shape_and_run": math.hypot(fit.tau, fit.sigma),
             "baseline_loss": fit.baseline_loss, "rules": [estimate_json(r, fit.estimate(r.name)) for r in rules],
             "optimum": optima}
+
+
+def left_out_text(answer: RuleAnswer | None) -> str | None:
+    """What the proxy's fit could not read (pruned or failed trials: their final scores are missing), and the rules
+    on which the left-out shapes differ from the read ones (``nas.stats.rules.selection_imbalance``)."""
+    if answer is None or not answer.left_out:
+        return None
+    counted = " and ".join(f"{n} {why} trial{'s' if n != 1 else ''}" for why, n in answer.left_out.items())
+    text = f"left out of the fit: {counted} (no final score)"
+    if answer.leaning:
+        named = ", ".join(f"{name} (p {p:.1g})" for name, p in answer.leaning.items())
+        text += (f"; the left-out shapes differ from the read ones in {named}: the pruner stops a trial on its early "
+                 "loss, so these rules are read on the survivors, milder than they are or flipped")
+    return text
 
 
 def rules_json(study: str, preset: str, answer: RuleAnswer | None, rules: tuple[Rule, ...]) -> dict[str, object]:
     """``nas rules --format json``: the study's rules at its proxy, then at every longer budget with each rule's
     fidelity verdict (``nas.stats.rules.fidelity``)."""
     proxy = answer.proxy if answer is not None else None
-    out: dict[str, object] = {"study": study, "preset": preset, **fit_json(proxy, rules), "fidelity": []}
+    out: dict[str, object] = {"study": study, "preset": preset, **fit_json(proxy, rules), "fidelity": [],
+                              "left_out": dict(answer.left_out) if answer is not None else {},
+                              "left_out_differ_in": dict(answer.leaning) if answer is not None else {}}
     for label, fit in (answer.budgets if answer is not None else ()):
         entry = {"budget": label, **fit_json(fit, rules)}
         verdicts = {rule.name: next((c.verdict for c in answer.checks(rule.name) if c.budget == label), None)
@@ -156,9 +200,7 @@ def table_lines(fit: RuleFit, rules: tuple[Rule, ...], title: str, answer: RuleA
     """One budget's rules as a table: estimate (nats per unit) with its 95 % interval, % of the baseline's loss, the
     minimum detectable effect, the verdict and, at a longer budget, the fidelity."""
     seeds = f"{fit.seeds} seed{'s' if fit.seeds != 1 else ''}"
-    spread = (f"shape sd beyond the rules {fit.tau:.3f} nats, run sd {fit.sigma:.3f}" if fit.runs > fit.shapes else
-              f"one run a shape: the shapes' deviation and a run's luck read together, sd "
-              f"{(fit.tau**2 + fit.sigma**2) ** 0.5:.3f} nats")
+    spread = spread_text(fit)
     head = f"{title}: {fit.runs} runs over {fit.shapes} shapes and {seeds}; {spread}"
     width = max([len(r.name) for r in rules] + [4])
     unit_width = max([len(r.unit) for r in rules] + [4])
@@ -181,8 +223,9 @@ def table_lines(fit: RuleFit, rules: tuple[Rule, ...], title: str, answer: RuleA
         e = fit.estimate(rule.name)
         if e.at is not None:
             lines.append(f"  {rule.name}: the slope{at_text(rule, e)}, fitted with its square")
-        if rule.square_of and rule.square_of in fit.names and rule.name in fit.names:
-            bottom = optimum_text(fit.optimum(rule.square_of, rule.name))
+        if rule.square_of and fit.pairs.get(rule.name) == rule.square_of:
+            linear = next((r for r in rules if r.name == rule.square_of), None)
+            bottom = optimum_text(fit.optimum(rule.square_of, rule.name), linear)
             lines.append(f"  the width-depth U: {bottom}" if bottom else
                          "  the width-depth U: its bottom is not resolved (the curvature's interval holds 0 or the "
                          "curve opens downwards)")

@@ -23,7 +23,15 @@ from nas.stats.answer import RuleAnswer
 from nas.stats.rules import RuleFit
 from reports.frame import StudyData
 from reports.page import Section, plot_text, table
-from reports.rule_text import change_pct, checks_text, effect_text, optimum_text, runs_text
+from reports.rule_text import (
+    change_pct,
+    checks_text,
+    effect_text,
+    left_out_text,
+    optimum_text,
+    runs_text,
+    spread_text,
+)
 from reports.summary import shape_label
 from search_spaces.base import Rule
 
@@ -53,23 +61,16 @@ def forest_figure(answer: RuleAnswer, rules: tuple[Rule, ...], proxy_label: str)
 
 
 def residual_figure(data: StudyData, fit: RuleFit, rules: tuple[Rule, ...]) -> go.Figure | None:
-    fitted = [rule for rule in rules if rule.name in fit.fitted and rule.square_of is None]
+    fitted = [rule for rule in rules if rule.name in fit.fitted and rule.name not in fit.pairs]
     if not fitted:
         return None
-    squares = {rule.square_of: rule.name for rule in rules if rule.square_of and rule.name in fit.fitted}
     fig = make_subplots(rows=1, cols=len(fitted), subplot_titles=[plot_text(r.name) for r in fitted],
                         horizontal_spacing=0.08)
     for col, rule in enumerate(fitted, start=1):
-        x, r, keys = fit.partial_residuals(rule.name)
+        x, r, keys = fit.partial_residuals(rule.name)  # a U's rule carries its square's part (RuleFit.curve)
         line_x = np.linspace(float(x.min()), float(x.max()), 60)
-        beta = float(fit.beta[fit.fitted.index(rule.name)])
-        line = beta * line_x
-        if rule.name in squares:  # the U: the square's contribution belongs to this rule's curve
-            square = squares[rule.name]
-            gamma = float(fit.beta[fit.fitted.index(square)])
-            r = r + gamma * np.array([fit.covariates[k][fit.names.index(square)] for k in keys])
-            line = line + gamma * line_x**2
-        shift = float(np.mean(r - (beta * x + (gamma * x**2 if rule.name in squares else 0))))
+        line = fit.curve(rule.name, line_x)
+        shift = float(np.mean(r - fit.curve(rule.name, x)))
         fig.add_trace(go.Scatter(x=x, y=r, mode="markers", showlegend=False,
                                  marker={"size": 6, "color": "#8a9bb0", "opacity": 0.8},
                                  text=[plot_text(shape_label(data, k)) for k in keys],
@@ -94,7 +95,7 @@ def groups_of(values: np.ndarray) -> list[tuple[str, np.ndarray]]:
 
 
 def edf_figure(fit: RuleFit, rules: tuple[Rule, ...]) -> go.Figure | None:
-    shown = [rule for rule in rules if rule.name in fit.fitted and rule.square_of is None]
+    shown = [rule for rule in rules if rule.name in fit.fitted and rule.name not in fit.pairs]
     if not shown:
         return None
     keys = list(fit.adjusted)
@@ -137,8 +138,9 @@ def rules_section(data: StudyData) -> Section:
     rules = data.rules()
     answer = data.answer(rules).rules
     if answer is None or answer.proxy is None:
-        section.empty = ("no design rules to read: " + ("this space declares none" if not rules else
-                                                        "fewer than 3 shapes with a completed training"))
+        section.empty = ("no design rules to read: " + (
+            "this space declares none" if not rules else "fewer than 3 shapes with a completed training"
+            if len(data.scores) < 3 else "too few runs for the study's seeds and rules"))
         return section
     fit = answer.proxy
     rows = rows_of(fit, rules, f"proxy ({data.preset})", answer)
@@ -151,11 +153,15 @@ def rules_section(data: StudyData) -> Section:
     for figure in (residual_figure(data, fit, rules), edf_figure(fit, rules)):
         if figure is not None:
             section.figures.append(figure)
-    section.notes.append(f"At this proxy: {runs_text(fit)}, {fit.seeds} seeds; the shapes' deviation beyond "
-                         f"their rules has sd {fit.tau:.3f} nats, one run's own luck {fit.sigma:.3f}.")
+    section.notes.append(f"At this proxy: {runs_text(fit)}, {fit.seeds} seed{'s' if fit.seeds != 1 else ''}; "
+                         f"{spread_text(fit)}.")
+    left = left_out_text(answer)
+    if left:
+        section.notes.append(left[0].upper() + left[1:] + ".")
     for rule in rules:
-        if rule.square_of and rule.square_of in fit.names and rule.name in fit.names:
-            bottom = optimum_text(fit.optimum(rule.square_of, rule.name))
+        if rule.square_of and fit.pairs.get(rule.name) == rule.square_of:
+            linear = next((r for r in rules if r.name == rule.square_of), None)
+            bottom = optimum_text(fit.optimum(rule.square_of, rule.name), linear)
             section.notes.append("The width-depth U: " + (bottom + " at this proxy (Fieller's 95 % interval)."
                                                           if bottom else "its bottom is not resolved at this proxy."))
         elif not answer.budgets:

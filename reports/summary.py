@@ -56,16 +56,6 @@ def gain_text(data: StudyData, key: str, gain: PairedGain | None) -> str:
     return "-" if key == data.baseline_key else "no seed besides the one that selected it"
 
 
-def resolution_text(res: Resolution | None, limit: Resolution | None = None) -> str:
-    """What the study could have detected, with what the power is of and the allocation limit."""
-    if res is None:
-        return ("how small a gain this study could detect is not known yet: it needs a shape with two seeds in "
-                "common with the baseline, besides the one that selected it")
-    bound = (f"; the allocation limit at this noise and {2 * (limit.n - 1)} replicate trials is "
-             f"{limit.gain_pct:.2f} %" if limit is not None else "")
-    return f"this study would have detected {res.text()}, not a smaller one ({res.needs_text()}{bound})"
-
-
 def lead_sentence(data: StudyData, answer: Answer) -> str:
     """The verdict and the resolution, in one short sentence (module docstring)."""
     if answer.verdict == EMPTY:

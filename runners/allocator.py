@@ -22,7 +22,7 @@ import os
 
 M_TRIM_THRESHOLD = -1  # glibc malloc.h: bytes free at the heap's top before it is handed back
 M_MMAP_MAX = -4  # glibc malloc.h: how many allocations may be served by mmap at once (0: none)
-TRIM_THRESHOLD = 2**31 - 1  # mallopt takes an int: 2 GiB free at the top before trimming, i.e. in practice never
+TRIM_THRESHOLD = -1  # glibc's mallopt(3): "Setting M_TRIM_THRESHOLD to -1 disables trimming completely"
 USER_SETTINGS = ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_", "NAS_KEEP_ALLOCATOR")
 
 

@@ -43,4 +43,8 @@ def choose_rules(catalog: tuple[Rule, ...], names: str | None) -> tuple[Rule, ..
             chosen.append(by_name[name])
     if not chosen:
         raise UsageError(f"--rules {names!r} names no rule; this study's rules are {', '.join(by_name)}")
+    for rule in chosen:  # a curvature without its slope is no U: both, or the slope alone
+        if rule.square_of and by_name[rule.square_of] not in chosen:
+            raise UsageError(f"--rules: {rule.name} is the square of {rule.square_of}; give both "
+                             f"({rule.square_of},{rule.name}) or {rule.square_of} alone")
     return tuple(chosen)

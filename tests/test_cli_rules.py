@@ -89,8 +89,11 @@ def k1_hourglass_db(path: Path) -> str:
     (("--rules", "K_gt_1"), "unknown rule 'K_gt_1'"),  # an Hourglass rule, not in a Prism study's catalog
     (("--shapes", "4"), "--shapes goes with --confirm PRESET"),
     (("--confirm", "no-such-preset"), "no-such-preset"),
-    (("--confirm", "cpu"), "is the study's own proxy budget"),
+    (("--confirm", "cpu"), "no more than the study's proxy (32,768)"),
     (("--confirm", "cpu-long", "--seeds", "0"), "--seeds 0 is invalid"),
+    (("--confirm", "cpu-long", "--shapes", "5"), "--shapes 5 is too few to check 2 rule(s)"),
+    (("--confirm", "cpu-long", "--rules", "reduced_layers"), "no rule of reduced_layers is resolved at the proxy"),
+    (("--rules", "log2_first_heads,no"), "unknown rule 'no'"),
 ])
 def test_bad_input_is_one_line_with_exit_2_and_writes_nothing(prism_db, tmp_path, args, says):
     before = snapshot(prism_db)
@@ -140,17 +143,35 @@ def test_confirm_trains_a_designed_sample_once_and_reads_the_rules_at_both_budge
     url = sqlite_url(tmp_path / "hg.db")
     synthetic_study(SyntheticSpec(space="hourglass", preset="tiny", trials=40, seed=1), url, name="hg")
     args = ("rules", "--storage", url, "--rules", "log2_d_over_L", "--confirm", "tiny", "--tokens", "8k",
-            "--shapes", "2", "--seeds", "1", "--runs", str(tmp_path / "runs"), "--threads", "1")
+            "--shapes", "5", "--seeds", "1", "--runs", str(tmp_path / "runs"), "--threads", "1")
     first = invoke(*args)
     assert first.exit_code == 0, first.output
-    assert "confirm at tiny: the baseline and 2 shapes spanning log2_d_over_L" in first.stderr
-    assert first.stderr.count("training in") == 3 and "at tiny" in first.stdout
+    assert "confirm at tiny: the baseline and 5 shapes spanning log2_d_over_L (resolved at the proxy: " in \
+        first.stderr
+    assert first.stderr.count("training in") == 6 and "at tiny" in first.stdout
     second = invoke(*args, "--format", "json")
     assert second.exit_code == 0 and "training in" not in second.stderr
-    assert second.stderr.count("recorded already") == 3
+    assert second.stderr.count("recorded already") == 6
     out = json.loads(second.stdout)
     (budget,) = out["fidelity"]
-    assert budget["budget"] == "tiny"
-    assert budget["shapes"] == 3 and budget["runs"] == 3
-    assert budget["rules"][0]["fidelity"] in ("held", "shrank", "reversed", "not resolved",
-                                             "nothing to check (not resolved at the proxy)")
+    assert budget["budget"] == "tiny" and budget["shapes"] == 6 and budget["runs"] == 6
+    (rule,) = budget["rules"]
+    assert rule["verdict"] in ("resolved", "not resolved") and rule["ci95"][0] < rule["estimate"] < rule["ci95"][1]
+    assert rule["fidelity"] in ("held", "shrank", "reversed", "not resolved")  # resolved at the proxy: checked
+
+
+def test_a_square_without_its_rule_and_a_confirm_without_a_baseline_are_refused(tmp_path, prism_db):
+    url = k1_hourglass_db(tmp_path / "k1.db")
+    result = invoke("rules", "--storage", url, "--rules", "log2_d_over_L_sq")
+    assert result.exit_code == 2 and "log2_d_over_L_sq is the square of log2_d_over_L; give both" in result.stderr
+    study = optuna.load_study(study_name="prism", storage=sqlite_url(prism_db))
+    baseline = study.user_attrs["nas:baseline_key"]
+    failed = optuna.create_study(storage=sqlite_url(tmp_path / "nobase.db"), study_name="nobase")
+    for key, value in study.user_attrs.items():
+        failed.set_user_attr(key, value)
+    trials = [t for t in study.get_trials() if t.user_attrs.get("key") != baseline]
+    failed.add_trials(trials)
+    result = invoke("rules", "--storage", sqlite_url(tmp_path / "nobase.db"), "--confirm", "cpu-long", "--runs",
+                    str(tmp_path / "runs"))
+    assert result.exit_code == 2 and "has no completed baseline" in result.stderr, result.output
+    assert not (tmp_path / "runs").exists()

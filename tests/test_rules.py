@@ -132,12 +132,12 @@ def test_fieller_interval_of_a_planted_u_covers_its_bottom():
     for seed in range(40):
         scores, covariates = planted(np.random.default_rng(seed), (-0.14, 0.01), tau=0.01, sigma=0.05, shapes=72,
                                      columns=u_columns)
-        optimum = fit_rules(scores, covariates, ["lin", "sq"], 3.0).optimum("lin", "sq")
+        optimum = fit_rules(scores, covariates, ["lin", "sq"], 3.0, squares={"sq": "lin"}).optimum("lin", "sq")
         covered += optimum.low is not None and optimum.low < 7.0 < optimum.high
     assert covered >= 34
     flat, covariates = planted(np.random.default_rng(6), (0.0, 0.0), tau=0.01, sigma=0.05, shapes=24,
                                columns=u_columns)
-    optimum = fit_rules(flat, covariates, ["lin", "sq"], 3.0).optimum("lin", "sq")
+    optimum = fit_rules(flat, covariates, ["lin", "sq"], 3.0, squares={"sq": "lin"}).optimum("lin", "sq")
     assert optimum.low is None or optimum.x is None or optimum.high - optimum.low > 10  # at most a guess
 
 
@@ -160,6 +160,7 @@ def estimate(value: float, sd: float) -> RuleEstimate:
     ((-0.04, 0.01), (0.03, 0.01), REVERSED),
     ((-0.04, 0.01), (-0.02, 0.015), NOT_RESOLVED),
     ((0.02, 0.005), (0.05, 0.01), HELD),
+    ((-0.04, 0.005), (0.03, 0.028), NOT_RESOLVED),  # its sign flipped, the longer budget resolving nothing
 ])
 def test_fidelity_verdicts(proxy, longer, verdict):
     assert fidelity(estimate(*proxy), estimate(*longer)) == verdict
@@ -175,8 +176,9 @@ def test_fidelity_of_a_rule_the_proxy_did_not_resolve_is_nothing_to_check():
 
 
 def test_a_rule_fitted_with_its_square_is_read_as_its_slope_at_the_shapes_mean():
-    """The coefficient of x beside x^2 is the slope at x = 0, outside any study: the U's rule is reported at the
-    shapes' mean instead, b1 + 2 b2 x_bar with the variance of that combination; the fit itself is the same."""
+    """The coefficient of x beside x^2 is the slope at x = 0, outside any study: the U's square enters centred at the
+    shapes' mean, so the rule reads as its slope there, b1 + 2 b2 x_bar of the uncentred fit with the variance of
+    that combination; the curvature, the bottom and its interval are the same fit's."""
     scores, covariates = planted(np.random.default_rng(9), (-0.14, 0.01), tau=0.01, sigma=0.05, shapes=48,
                                  columns=u_columns)
     raw = fit_rules(scores, covariates, ["lin", "sq"], 3.0)
@@ -185,9 +187,71 @@ def test_a_rule_fitted_with_its_square_is_read_as_its_slope_at_the_shapes_mean()
     b1, b2 = raw.estimate("lin").estimate, raw.estimate("sq").estimate
     slope = read.estimate("lin")
     assert slope.at == pytest.approx(x_bar) and slope.estimate == pytest.approx(b1 + 2 * b2 * x_bar)
-    v = read.covariance
-    assert slope.sd == pytest.approx(np.sqrt(v[0, 0] + 4 * x_bar * v[0, 1] + 4 * x_bar**2 * v[1, 1]))
+    v = raw.covariance
+    assert slope.sd == pytest.approx(np.sqrt(v[0, 0] + 4 * x_bar * v[0, 1] + 4 * x_bar**2 * v[1, 1]), rel=1e-6)
     assert slope.sd < raw.estimate("lin").sd  # read where the shapes are, not extrapolated to 0
-    assert read.estimate("sq").estimate == b2 and read.optimum("lin", "sq") == raw.optimum("lin", "sq")
+    assert read.estimate("sq").estimate == pytest.approx(b2)
+    bottom = read.optimum("lin", "sq")
+    assert bottom.x == pytest.approx(-b1 / (2 * b2)) and bottom.lowest == 2.0 and bottom.highest == 8.0
+    assert raw.optimum("lin", "sq") is None  # without the pair declared there is no U to read
     there = fit_rules(scores, covariates, ["lin", "sq"], 3.0, squares={"sq": "lin"}, at={"lin": 5.0})
-    assert there.estimate("lin").estimate == pytest.approx(b1 + 10 * b2)  # a longer budget reads it where asked
+    assert there.estimate("lin").estimate == pytest.approx(b1 + 10 * b2) and there.estimate("lin").proxy_at
+
+
+def test_a_narrow_range_is_not_read_as_the_square_confounded_with_its_rule():
+    """Over log2(d/L) in [6, 7], x^2 is within 1e-4 of a line in x: uncentred, both would read as confounded with
+    each other; centred at the mean they are told apart."""
+    def narrow(s: int, rng: np.random.Generator) -> list[float]:
+        x = 6.0 + (s % 8) / 7
+        return [x, x * x]
+
+    scores, covariates = planted(np.random.default_rng(2), (-0.05, 0.0), tau=0.01, sigma=0.03, shapes=40,
+                                 columns=narrow)
+    assert fit_rules(scores, covariates, ["lin", "sq"], 3.0).estimate("lin").verdict == CONFOUNDED_VERDICT
+    read = fit_rules(scores, covariates, ["lin", "sq"], 3.0, squares={"sq": "lin"})
+    assert read.estimate("lin").verdict == RESOLVED and read.estimate("sq").estimated
+
+
+def test_a_rule_read_from_too_few_shapes_gets_no_number():
+    """With S - 1 - R < 4 the flat prior on tau leaves the interval to the grid's end: no number is given."""
+    from nas.stats.rules import TOO_FEW_SHAPES
+
+    scores, covariates = planted(np.random.default_rng(1), (0.02, -0.03), tau=0.02, sigma=0.05, shapes=6)
+    fit = fit_rules(scores, covariates, ["a", "b"], 3.0)
+    assert {e.verdict for e in fit.estimates} == {TOO_FEW_SHAPES} and fit.estimate("a").estimate is None
+    scores, covariates = planted(np.random.default_rng(1), (0.02, -0.03), tau=0.02, sigma=0.05, shapes=7)
+    assert fit_rules(scores, covariates, ["a", "b"], 3.0).estimate("a").estimated  # 7 - 1 - 2 = 4
+
+
+def test_the_interval_does_not_move_with_the_grids_end_once_there_are_enough_shapes(monkeypatch):
+    import nas.stats.rules as rules
+
+    scores, covariates = planted(np.random.default_rng(4), (0.02, -0.03), tau=0.02, sigma=0.05, shapes=7)
+    before = fit_rules(scores, covariates, ["a", "b"], 3.0).estimate("b").sd
+    monkeypatch.setattr(rules, "LOG_LAMBDA_GRID", np.arange(-15.0, 9.0 + 1e-9, 0.5))
+    assert fit_rules(scores, covariates, ["a", "b"], 3.0).estimate("b").sd == pytest.approx(before, rel=0.05)
+
+
+def test_the_interval_is_at_least_statsmodels_plug_in_standard_error():
+    """statsmodels' standard errors are the plug-in ones at the REML lambda; ours average over lambda's posterior,
+    so they are at least as wide (and equal when the posterior is concentrated)."""
+    scores, covariates = planted(np.random.default_rng(0), (0.01, -0.04), tau=0.04, sigma=0.08)
+    ours = fit_rules(scores, covariates, ["a", "b"], 3.0)
+    theirs = statsmodels_fit(scores, covariates)
+    for name in ("a", "b"):
+        assert ours.estimate(name).sd >= 0.999 * float(theirs.bse[name])
+        assert ours.estimate(name).sd <= 2.0 * float(theirs.bse[name])
+
+
+def test_the_designed_sample_spans_the_rules_and_spreads_before_it_repeats():
+    from nas.stats.rule_design import design_sample
+
+    # a grid of (a, b) values, four shapes at each; the baseline at the origin
+    covariates = {f"s{i}": (float(i % 5), float((i // 5) % 3)) for i in range(60)}
+    covariates["base"] = (0.0, 0.0)
+    chosen = design_sample(covariates, "base", 8, list(covariates), {"s7": 3})
+    assert chosen[0] == "base" and len(chosen) == 9 and len(set(chosen)) == 9
+    values = [covariates[k] for k in chosen[1:]]
+    assert len(set(values)) == 8  # distinct combinations first
+    assert {v[0] for v in values} >= {0.0, 4.0} and {v[1] for v in values} == {0.0, 1.0, 2.0}  # both ends of each
+    assert "s7" in chosen or covariates["s7"] not in values  # a combination's best-measured shape stands for it

@@ -111,6 +111,8 @@ class Progress:
         left = e.target - e.counted
         if self.estimated or not self.arrivals:
             return
+        # the first ``workers`` trainings to end stand for each worker's first (a fast pruned trial may end before a
+        # slow worker's first: the estimate then starts a little early, and counts a little of a one-off start)
         warm = self.arrivals[self.workers - 1] if len(self.arrivals) >= self.workers else None
         measured = len(self.arrivals) - self.workers
         if left <= 0:

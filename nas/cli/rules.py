@@ -25,12 +25,11 @@ if TYPE_CHECKING:
     from reports.frame import StudyData
     from search_spaces.base import Rule
 
-MIN_SHAPES = 3
-
-
 def check_rules(data: StudyData, rules: tuple[Rule, ...], named: bool) -> None:
     """``UsageError`` when the study cannot be read by ``rules``: fewer than 3 shapes, no rule in its catalog, or a
     rule named with ``--rules`` that every shape has at the same value."""
+    from nas.stats.rules import MIN_SHAPES
+
     if not rules:
         raise UsageError(f"study {data.name!r} ({data.space_name} space) has no design rules to read")
     if len(data.scores) < MIN_SHAPES:
@@ -46,20 +45,25 @@ def check_rules(data: StudyData, rules: tuple[Rule, ...], named: bool) -> None:
 
 
 def print_rules(data: StudyData, answer: Answer, rules: tuple[Rule, ...], format: str) -> None:
-    from reports.rule_text import resolved_sentences, rules_json, table_lines
+    from reports.rule_text import left_out_text, resolved_sentences, rules_json, table_lines
 
     part = answer.rules
+    if part is None or part.proxy is None:
+        raise UsageError(f"study {data.name!r} has too few runs for its seeds and rules to fit the rule model "
+                         f"({len(data.scores)} shapes; give fewer --rules, or train more)")
     if format == "json":
         typer.echo(json.dumps(rules_json(data.name, data.preset, part, rules), indent=2))
         return
-    if part is None or part.proxy is None:
-        raise UsageError(f"study {data.name!r} has too few runs for its seeds and rules to fit the rule model")
     for line in table_lines(part.proxy, rules, f"study {data.name!r} at its proxy ({data.preset})"):
         typer.echo(line)
+    left = left_out_text(part)
+    if left:
+        typer.echo(f"  {left}")
     for label, fit in part.budgets:
         typer.echo("")
         if fit is None:
-            typer.echo(f"at {label}: too few re-runs to fit the rules (at least {MIN_SHAPES} shapes)")
+            typer.echo(f"at {label}: too few re-runs to fit the rules (a run for each of at least 3 shapes, beyond "
+                       "the seeds and rules)")
             continue
         for line in table_lines(fit, rules, f"at {label}", part, label):
             typer.echo(line)
@@ -128,20 +132,28 @@ def confirm_rules(proxy: StudyData, chosen: tuple[Rule, ...], preset: str, shape
     from nas.cli.rerun import check_target, open_batch, proxy_ranking, train_runs
     from nas.rerun.plan import carry_shapes
     from nas.stats.rule_design import design_sample
-    from nas.study.storage import check_writable
+    from nas.stats.rules import MIN_SHAPE_DF
     from nas.units import format_duration
 
     for flag, value in (("--shapes", shapes), ("--seeds", seeds)):
         if value < 1:
             raise UsageError(f"{flag} {value} is invalid: give at least 1")
+    if shapes < len(chosen) + MIN_SHAPE_DF:  # the longer budget's fit needs S - 1 - R >= MIN_SHAPE_DF shapes
+        raise UsageError(f"--shapes {shapes} is too few to check {len(chosen)} rule(s): a rule's interval needs "
+                         f"{len(chosen) + MIN_SHAPE_DF} shapes besides the baseline (or fewer --rules)")
+    if proxy.baseline_key not in proxy.scores:
+        raise UsageError(f"study {proxy.name!r} has no completed baseline: a rule check trains it beside the design")
     target = check_target(preset, tokens, data, 1, device, None, threads=threads)
     proxy_tokens = int((proxy.identity.get("train") or {}).get("tokens", 0) or 0)
-    if proxy.preset == preset and target.train.tokens <= proxy_tokens:
-        raise UsageError(f"--confirm {preset} is the study's own proxy budget ({proxy_tokens:,} tokens): give a "
-                         "longer one (e.g. cpu-long, or --tokens above it)")
-    check_writable(storage)
+    if target.train.tokens <= proxy_tokens:
+        raise UsageError(f"--confirm {preset} trains {target.train.tokens:,} tokens a run, no more than the study's "
+                         f"proxy ({proxy_tokens:,}): give a longer budget (e.g. cpu-long, or --tokens above it)")
+    fit = proxy.answer(chosen).rules.proxy if proxy.answer(chosen).rules is not None else None  # type: ignore[union-attr]
+    if fit is None or not fit.resolved:
+        raise UsageError(f"no rule of {', '.join(r.name for r in chosen)} is resolved at the proxy: nothing to "
+                         "confirm (nas rules shows what each could have detected)")
     inputs = proxy.rule_inputs(chosen)
-    assert inputs is not None and proxy.baseline_key is not None  # check_rules: shapes, a baseline, rules
+    assert inputs is not None  # check_rules: shapes, rules
     covariates = {k: v for k, v in inputs.covariates.items() if k in proxy.scores}
     keys = design_sample(covariates, proxy.baseline_key, shapes, list(proxy.board["key"]),
                          {k: s.n for k, s in proxy.scores.items()})
@@ -150,11 +162,10 @@ def confirm_rules(proxy: StudyData, chosen: tuple[Rule, ...], preset: str, shape
         if not shape.transfer.ok:
             typer.echo(f"skipped {shape.proxy_key}: {shape.transfer.refused}", err=True)
     per_run = seconds_per_run(proxy, target.train.tokens)
-    total = sum(s.transfer.ok for s in planned) * seeds
-    fit = proxy.answer(chosen).rules.proxy if proxy.answer(chosen).rules is not None else None  # type: ignore[union-attr]
-    resolved = ", ".join(e.name for e in fit.resolved) if fit is not None else ""
-    resolved = f"resolved at the proxy: {resolved}" if resolved else "none resolved at the proxy"
-    typer.echo(f"confirm at {preset}: the baseline and {len(keys) - 1} shapes spanning "
+    carried = sum(s.transfer.ok for s in planned)
+    total = carried * seeds
+    resolved = "resolved at the proxy: " + ", ".join(e.name for e in fit.resolved)
+    typer.echo(f"confirm at {preset}: the baseline and {carried - 1} shapes spanning "
                f"{', '.join(r.name for r in chosen)} ({resolved}), "
                f"{seeds} common seeds: {total} runs of {target.train.tokens:,} tokens"
                + (f", about {format_duration(per_run * total)} on this machine (from the proxy's own speed)"

@@ -45,7 +45,7 @@ from nas.stats.resolution import (
     posterior_resolution,
     resolution,
 )
-from nas.stats.rules import RuleEstimate, RuleFit, fidelity, fit_rules
+from nas.stats.rules import RuleEstimate, RuleFit, fidelity, fit_rules, selection_imbalance
 from nas.stats.scores import ShapeScores
 from nas.stats.shrinkage import Z
 
@@ -71,6 +71,7 @@ class RuleInputs:
     covariates: Mapping[str, Sequence[float]]
     budgets: tuple[Budget, ...] = ()
     squares: Mapping[str, str] = field(default_factory=dict)  # a rule that squares another -> that rule (the U)
+    left_out: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # "pruned", "failed" -> their shapes' keys
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,8 @@ class RuleAnswer:
 
     proxy: RuleFit | None
     budgets: tuple[tuple[str, RuleFit | None], ...] = ()
+    left_out: dict[str, int] = field(default_factory=dict)  # trials the proxy's fit could not read, by why
+    leaning: dict[str, float] = field(default_factory=dict)  # rules whose left-out shapes differ: name -> p value
 
     def checks(self, name: str) -> tuple[RuleCheck, ...]:
         """``name`` at each longer budget with a fit, against the proxy."""
@@ -214,7 +217,10 @@ def rule_answer(evidence: Evidence, inputs: RuleInputs) -> RuleAnswer:
         base = budget.scores.get(evidence.baseline_key or "")
         budgets.append((budget.label, fit_rules(budget.scores, inputs.covariates, inputs.names,
                                                 base.mean if base is not None else None, inputs.squares, at)))
-    return RuleAnswer(proxy, tuple(budgets))
+    left = [key for keys in inputs.left_out.values() for key in keys]
+    leaning = selection_imbalance(inputs.covariates, list(evidence.scores), left, inputs.names) if left else {}
+    return RuleAnswer(proxy, tuple(budgets), {why: len(keys) for why, keys in inputs.left_out.items() if keys},
+                      leaning)
 
 
 def build_answer(evidence: Evidence, rules: RuleInputs | None = None,

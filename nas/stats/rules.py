@@ -64,9 +64,11 @@ from nas.stats.shrinkage import LOG_LAMBDA_GRID, MIN_COMPONENT_WEIGHT
 
 CONFOUNDED = 1e-3  # 1 - R^2 of a rule's column on the other fixed effects below this: it was never varied apart
 MIN_SHAPES = 3  # a rule needs shapes to vary across, and the model a spread to estimate
+MIN_SHAPE_DF = 4  # S - 1 - R below this: the flat prior on tau leaves the interval to the grid's end (no number)
 GOLDEN_STEPS = 48  # golden-section steps refining REML's log lambda: the bracket (1 wide) shrinks to 1e-10
 
 RESOLVED, NOT_RESOLVED, CONFOUNDED_VERDICT, NOT_VARIED = "resolved", "not resolved", "confounded", "not varied"
+TOO_FEW_SHAPES = "too few shapes"
 HELD, SHRANK, REVERSED = "held", "shrank", "reversed"
 NOTHING_TO_CHECK = "nothing to check (not resolved at the proxy)"
 
@@ -77,7 +79,7 @@ class RuleEstimate:
     not varied."""
 
     name: str
-    verdict: str  # resolved | not resolved | confounded | not varied
+    verdict: str  # resolved | not resolved | confounded | not varied | too few shapes
     estimate: float | None = None
     sd: float | None = None  # the standard error, averaged over lambda's posterior (module docstring)
     low: float | None = None  # 95 % interval
@@ -87,6 +89,7 @@ class RuleEstimate:
     baseline_loss: float | None = None
     confounded_with: str | None = None  # the rule (or "the seed effects") it was never varied apart from
     at: float | None = None  # a rule fitted with its square: the covariate value its slope is read at (the mean)
+    proxy_at: bool = False  # ``at`` is another study's (the proxy's, for a longer budget), not this one's mean
 
     @property
     def estimated(self) -> bool:
@@ -107,6 +110,13 @@ class Optimum:
     x: float | None  # None when the fitted curve opens downwards (no minimum)
     low: float | None
     high: float | None
+    lowest: float = -math.inf  # the range of the rule's values the study trained: a bottom outside it is an
+    highest: float = math.inf  # extrapolation, not a finding
+
+    @property
+    def inside(self) -> bool:
+        """Whether the bottom lies within the trained range."""
+        return self.x is not None and self.lowest <= self.x <= self.highest
 
 
 @dataclass(frozen=True)
@@ -127,6 +137,24 @@ class RuleFit:
     covariance: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)), repr=False)  # (R_fit, R_fit)
     covariates: dict[str, tuple[float, ...]] = field(default_factory=dict, repr=False)  # shape -> its rules' values
     adjusted: dict[str, float] = field(default_factory=dict, repr=False)  # shape -> mean loss less its seeds' effects
+    centres: dict[str, float] = field(default_factory=dict)  # a square rule -> the value its square is centred at
+    pairs: dict[str, str] = field(default_factory=dict)  # a square rule -> its rule, for the pairs read as a U
+
+    def design_value(self, key: str, name: str) -> float:
+        """A shape's value of a rule as the model read it: a square rule's is ``(x - c)^2`` (``fit_rules``)."""
+        row = self.covariates[key]
+        if name not in self.pairs:
+            return row[self.names.index(name)]
+        return (row[self.names.index(self.pairs[name])] - self.centres[name]) ** 2
+
+    def curve(self, name: str, xs: np.ndarray) -> np.ndarray:
+        """A fitted rule's contribution at its values ``xs`` (its square's with it, for a U), up to a constant."""
+        i = self.fitted.index(name)
+        ys = float(self.beta[i]) * xs
+        for square, linear in self.pairs.items():
+            if linear == name:
+                ys = ys + float(self.beta[self.fitted.index(square)]) * (xs - self.centres[square]) ** 2
+        return ys
 
     def estimate(self, name: str) -> RuleEstimate:
         return self.estimates[self.names.index(name)]
@@ -139,27 +167,34 @@ class RuleFit:
         """Every shape's ``(x_s, r_s)`` for one fitted rule, and the shapes: ``r_s`` is its mean loss less its seeds'
         effects and the other rules' fitted contributions, so that ``r_s`` against ``x_s`` shows the rule's line
         ``beta x`` (up to a constant) with the scatter the shapes leave around it."""
-        j = self.fitted.index(name)
+        own = {name} | {sq for sq, lin in self.pairs.items() if lin == name}  # a U's rule carries its square
         keys = [key for key in self.adjusted if key in self.covariates]
-        x = np.array([[self.covariates[k][self.names.index(n)] for n in self.fitted] for k in keys])  # (S, R_fit)
-        others = x @ self.beta - x[:, j] * self.beta[j]
-        return x[:, j], np.array([self.adjusted[k] for k in keys]) - others, keys
+        others = np.array([sum(float(self.beta[i]) * self.design_value(k, n) for i, n in enumerate(self.fitted)
+                               if n not in own) for k in keys])  # (S,)
+        x = np.array([self.covariates[k][self.names.index(name)] for k in keys])  # (S,)
+        return x, np.array([self.adjusted[k] for k in keys]) - others, keys
 
     def optimum(self, linear: str, square: str) -> Optimum | None:
-        """The U's bottom in the linear rule's units (module docstring); None unless both rules were fitted."""
-        if linear not in self.fitted or square not in self.fitted:
+        """The U's bottom in the linear rule's units (module docstring); None unless both rules were fitted as a U.
+        With the square centred at ``c``, the slope at ``x`` is ``b1 + 2 b2 u``, ``u = x - c``."""
+        if linear not in self.fitted or square not in self.fitted or self.pairs.get(square) != linear:
+            return None
+        if any(e.verdict == TOO_FEW_SHAPES for e in self.estimates):
             return None
         i, j = self.fitted.index(linear), self.fitted.index(square)
-        b1, b2 = float(self.beta[i]), float(self.beta[j])
+        b1, b2, centre = float(self.beta[i]), float(self.beta[j]), self.centres[square]
         v11, v12, v22 = self.covariance[i, i], self.covariance[i, j], self.covariance[j, j]
+        values = [row[self.names.index(linear)] for row in self.covariates.values()]
+        lowest, highest = min(values), max(values)
         t = quantile(self.df)
-        # (b1 + 2 b2 x)^2 <= t^2 (v11 + 4 x v12 + 4 x^2 v22)  <=>  a x^2 + b x + c <= 0
+        # (b1 + 2 b2 u)^2 <= t^2 (v11 + 4 u v12 + 4 u^2 v22)  <=>  a u^2 + b u + c <= 0
         a, b, c = 4 * (b2**2 - t**2 * v22), 4 * (b1 * b2 - t**2 * v12), b1**2 - t**2 * v11
-        x = -b1 / (2 * b2) if b2 > 0 else None
+        x = centre - b1 / (2 * b2) if b2 > 0 else None
         if a <= 0 or x is None:
-            return Optimum(linear, square, x, None, None)
+            return Optimum(linear, square, x, None, None, lowest, highest)
         root = math.sqrt(max(b * b - 4 * a * c, 0.0))
-        return Optimum(linear, square, x, (-b - root) / (2 * a), (-b + root) / (2 * a))
+        return Optimum(linear, square, x, centre + (-b - root) / (2 * a), centre + (-b + root) / (2 * a), lowest,
+                       highest)
 
 
 def quantile(df: int, alpha: float = ALPHA) -> float:
@@ -245,10 +280,11 @@ def fit_rules(scores: Mapping[str, ShapeScores], covariates: Mapping[str, Sequen
     rule of ``names``); a seed trained twice counts with its mean, as in the shape model. None with fewer than
     ``MIN_SHAPES`` shapes or too few runs for the seeds and rules.
 
-    ``squares`` (square's name -> its rule's): a rule fitted with its square is reported as its slope at the shapes'
-    mean value ``x_bar``, ``b_1 + 2 b_2 x_bar`` (``RuleEstimate.at``), or at ``at[rule]`` when given (a longer
-    budget's fit reads the slope where the proxy's did): the coefficient itself is the slope at 0 (at ``d_model / L
-    = 1`` for the width-depth U), an extrapolation no study measures; the fit is the same."""
+    ``squares`` (square's name -> its rule's): a rule fitted with its square is a U. Its square enters centred,
+    ``(x - c)^2``, at the shapes' mean ``c`` (or ``at[rule]`` when given: a longer budget's fit reads it where the
+    proxy's did), so that the rule's own coefficient is the slope at ``c`` (``RuleEstimate.at``): uncentred, it is the
+    slope at ``x = 0`` (at ``d_model / L = 1`` for the width-depth U), an extrapolation no study measures, and ``x``
+    and ``x^2`` over a narrow range are nearly collinear. The curvature and the fit are the same either way."""
     names = tuple(names)
     keys = [k for k in scores if k in covariates and scores[k].n]
     rows = [(s, seed, loss) for s, k in enumerate(keys) for seed, loss in mean_by_seed(scores[k]).items()]
@@ -261,6 +297,12 @@ def fit_rules(scores: Mapping[str, ShapeScores], covariates: Mapping[str, Sequen
     seeds = np.zeros((len(rows), len(seed_list)))  # (n, I)
     seeds[np.arange(len(rows)), [seed_index[seed] for _, seed, _ in rows]] = 1.0
     values = np.array([[float(v) for v in covariates[k]] for k in keys])  # (S, R)
+    pairs = {square: linear for square, linear in (squares or {}).items() if square in names and linear in names}
+    centres = {}
+    for square, linear in pairs.items():  # the square centred (docstring)
+        j = names.index(linear)
+        centres[square] = float(at[linear]) if at and linear in at else float(values[:, j].mean())
+        values[:, names.index(square)] = (values[:, j] - centres[square]) ** 2
     x_all = values[shape]  # (n, R)
     varied = [j for j in range(len(names)) if np.ptp(values[:, j]) > 1e-12]
     confounded = _confounding(seeds, x_all[:, varied], [names[j] for j in varied])
@@ -273,8 +315,8 @@ def fit_rules(scores: Mapping[str, ShapeScores], covariates: Mapping[str, Sequen
     beta, covariance, tau, sigma, df, u = _estimate(design, len(fitted), len(keys), len(seed_list))
     covariance_of = {names[j]: i for i, j in enumerate(fitted)}
     q, power_q = quantile(df), float(stdtrit(max(df, 1), POWER))
-    square_of = {linear: square for square, linear in (squares or {}).items()
-                 if linear in covariance_of and square in covariance_of}
+    too_few = len(keys) - 1 - len(fitted) < MIN_SHAPE_DF
+    pairs = {square: linear for square, linear in pairs.items() if square in covariance_of and linear in covariance_of}
     out = []
     for j, name in enumerate(names):
         if j not in varied:
@@ -282,24 +324,23 @@ def fit_rules(scores: Mapping[str, ShapeScores], covariates: Mapping[str, Sequen
         elif name in confounded:
             out.append(RuleEstimate(name, CONFOUNDED_VERDICT, baseline_loss=baseline_loss,
                                     confounded_with=confounded[name]))
+        elif too_few:  # the interval would be the grid's, not the data's (MIN_SHAPE_DF)
+            out.append(RuleEstimate(name, TOO_FEW_SHAPES, baseline_loss=baseline_loss, df=len(keys) - 1 - len(fitted)))
         else:
-            i, at_value = covariance_of[name], None
-            gradient = np.zeros(len(fitted))  # (R_fit,): the reported quantity is gradient' beta
-            gradient[i] = 1.0
-            if name in square_of:  # the slope at the shapes' mean value (docstring)
-                at_value = float(values[:, j].mean()) if not at or name not in at else float(at[name])
-                gradient[covariance_of[square_of[name]]] = 2 * at_value
-            value = float(gradient @ beta)
-            sd = math.sqrt(max(float(gradient @ covariance @ gradient), 0.0))
+            i = covariance_of[name]
+            value, sd = float(beta[i]), math.sqrt(max(float(covariance[i, i]), 0.0))
             low, high = value - q * sd, value + q * sd
             verdict = RESOLVED if low > 0 or high < 0 else NOT_RESOLVED
+            square = next((sq for sq, lin in pairs.items() if lin == name), None)
             out.append(RuleEstimate(name, verdict, value, sd, low, high, (q + power_q) * sd, df, baseline_loss,
-                                    at=at_value))
+                                    at=centres[square] if square else None,
+                                    proxy_at=bool(square and at and name in at)))
     seed_effect = u[[seed_index[seed] for _, seed, _ in rows]]  # (n,)
     adjusted = {keys[s]: float(np.mean((y - seed_effect)[shape == s])) for s in range(len(keys))}
     return RuleFit(names, tuple(out), len(y), len(keys), len(seed_list), tau, sigma, df, baseline_loss,
                    tuple(names[j] for j in fitted), beta, covariance,
-                   {k: tuple(float(v) for v in covariates[k]) for k in keys}, adjusted)
+                   {k: tuple(float(v) for v in covariates[k]) for k in keys}, adjusted,
+                   {sq: c for sq, c in centres.items() if sq in pairs}, pairs)
 
 
 def _estimate(design: _Design, n_rules: int, n_shapes: int, n_seeds: int):
@@ -334,11 +375,12 @@ def fidelity(proxy: RuleEstimate, longer: RuleEstimate) -> str:
     """How a rule read at the proxy fared at a longer budget (two independent studies):
 
     - **reversed**: the longer budget's interval excludes 0 on the other side;
-    - **shrank**: the longer estimate is closer to 0 and the difference's 95 % interval excludes 0
-      (``|b_long - b_proxy| > z sqrt(sd_p^2 + sd_l^2)``), its sign not reversed;
+    - **shrank**: the longer estimate has the proxy's sign, is closer to 0, and the difference's 95 % interval
+      excludes 0 (Welch: ``|b_long - b_proxy| > t_df sqrt(sd_p^2 + sd_l^2)`` with Welch-Satterthwaite's ``df``,
+      each side's own degrees of freedom);
     - **held**: the longer budget's interval excludes 0 on the proxy's side (and it did not shrink);
-    - **not resolved**: otherwise (the longer interval holds 0 and the change is within the noise), or the longer
-      budget has no estimate.
+    - **not resolved**: otherwise (the longer interval holds 0 and the change is within the noise, or its sign
+      flipped without the longer budget resolving it), or the longer budget has no estimate.
 
     A rule the proxy did not resolve claimed nothing to check: ``NOTHING_TO_CHECK`` (its estimates at both budgets
     are still shown)."""
@@ -350,11 +392,45 @@ def fidelity(proxy: RuleEstimate, longer: RuleEstimate) -> str:
     sign = 1.0 if proxy.estimate > 0 else -1.0
     if (sign > 0 and longer.high < 0) or (sign < 0 and longer.low > 0):
         return REVERSED
-    z = quantile(10**6)
+    same_sign = sign * longer.estimate > 0  # type: ignore[operator]
     difference = abs(longer.estimate - proxy.estimate)  # type: ignore[operator]
     closer = abs(longer.estimate) < abs(proxy.estimate)  # type: ignore[arg-type]
-    if closer and difference > z * math.hypot(proxy.sd, longer.sd):
+    if same_sign and closer and difference > quantile(welch_df(proxy, longer)) * math.hypot(proxy.sd, longer.sd):
         return SHRANK
     if (sign > 0 and longer.low > 0) or (sign < 0 and longer.high < 0):
         return HELD
     return NOT_RESOLVED
+
+
+def welch_df(a: RuleEstimate, b: RuleEstimate) -> int:
+    """Welch-Satterthwaite degrees of freedom of ``a - b``: ``(s_a^2 + s_b^2)^2 / (s_a^4 / df_a + s_b^4 / df_b)``."""
+    va, vb = (a.sd or 0.0) ** 2, (b.sd or 0.0) ** 2
+    denominator = va**2 / max(a.df, 1) + vb**2 / max(b.df, 1)
+    return max(1, int((va + vb) ** 2 / denominator)) if denominator > 0 else 10**6
+
+
+def selection_imbalance(covariates: Mapping[str, Sequence[float]], kept: Sequence[str], left: Sequence[str],
+                        names: Sequence[str], alpha: float = ALPHA) -> dict[str, float]:
+    """The rules whose values differ between the shapes a fit read and those it left out (pruned or failed trials,
+    whose final scores are missing): Welch's t-test per rule, ``{name: p value}`` below ``alpha``.
+
+    The pruner stops a trial on its early loss, so a missing score is not missing at random: where the left-out
+    shapes lean to one side of a rule, the fit sees only that side's survivors, and the rule reads milder than it
+    is (or flips)."""
+    from scipy.special import stdtr
+
+    out = {}
+    for j, name in enumerate(names):
+        a = np.array([covariates[k][j] for k in kept if k in covariates], dtype=float)
+        b = np.array([covariates[k][j] for k in left if k in covariates], dtype=float)
+        if len(a) < 2 or len(b) < 2:
+            continue
+        va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+        if va + vb <= 0:
+            continue
+        t = (a.mean() - b.mean()) / math.sqrt(va + vb)
+        df = (va + vb) ** 2 / ((va**2 / (len(a) - 1) if va else 0) + (vb**2 / (len(b) - 1) if vb else 0) or 1e-300)
+        p = float(2 * stdtr(df, -abs(t)))
+        if p < alpha:
+            out[name] = p
+    return out
