@@ -129,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
 
     context = multiprocessing.get_context("spawn")
     waiting, running = list(jobs), []
-    with context.Pool(args.processes, maxtasksperchild=1) as pool:
+    # a fresh process a run on the GPU (each its own CUDA context and compile caches); the smoke's reuse theirs
+    with context.Pool(args.processes, maxtasksperchild=None if args.smoke else 1) as pool:
         while waiting or running:
             elapsed = time.perf_counter() - started
             while waiting and len(running) < args.processes and elapsed < args.budget_s:  # no run starts after it

@@ -175,3 +175,29 @@ SLOWEST_FIRST = ("test_faults.py", "test_load.py", "test_search_concurrency.py",
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     rank = {name: place for place, name in enumerate(SLOWEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its own order
+
+
+# ----------------------------------------------------------------- one tiny study a session
+@pytest.fixture(scope="session")
+def tiny_study_file(tmp_path_factory: pytest.TempPathFactory, nas_cache: str) -> Path:
+    """A real 4-trial search of the tiny Prism space (study ``proxy``: every member once, then a replicate), made once
+    a session; tests take a copy (``copy_study``) instead of searching again."""
+    import runners.device
+    from nas.study.config import SearchConfig
+    from nas.study.parallel import run_search
+    from search_spaces.factory import SpaceOptions
+
+    path = tmp_path_factory.mktemp("tiny-study") / "nas.db"
+    with pytest.MonkeyPatch.context() as patch:  # one torch thread, as the one_thread fixture
+        patch.setattr(runners.device, "available_cores", lambda: 1)
+        run_search(SearchConfig(space=SpaceOptions(space="prism"), preset="tiny", storage=f"sqlite:///{path}",
+                                trials=4, study_name="proxy"))
+    return path
+
+
+@pytest.fixture
+def tiny_study(tiny_study_file: Path, tmp_path: Path) -> str:
+    """This test's own copy of the session's tiny study, in its ``tmp_path`` (``nas.db``): its storage URL."""
+    from tests.search_helpers import copy_study
+
+    return copy_study(tiny_study_file, tmp_path / "nas.db")

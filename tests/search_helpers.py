@@ -163,3 +163,13 @@ def open_storage_at(url: str, start_at: float, out: str) -> None:
         Path(out).write_text("ok")
     except UsageError as error:
         Path(out).write_text(str(error))
+
+
+def copy_study(source: Path, target: Path) -> str:
+    """A consistent copy of an SQLite study (its write-ahead log included: SQLite's backup API), as a storage URL."""
+    import sqlite3
+    from contextlib import closing
+
+    with closing(sqlite3.connect(source)) as src, closing(sqlite3.connect(target)) as dst:
+        src.backup(dst)
+    return f"sqlite:///{target}"

@@ -25,9 +25,9 @@ def invoke(*args: str):
 
 @pytest.fixture(scope="module")
 def prism_db(tmp_path_factory) -> Path:
-    """A synthetic 135-trial Prism study of the default cpu space in a real SQLite file."""
+    """A synthetic 60-trial Prism study of the default cpu space in a real SQLite file."""
     path = tmp_path_factory.mktemp("rules") / "prism.db"
-    synthetic_study(SyntheticSpec(space="prism", trials=135, seed=2), sqlite_url(path), name="prism")
+    synthetic_study(SyntheticSpec(space="prism", trials=60, seed=2), sqlite_url(path), name="prism")
     return path
 
 
@@ -52,7 +52,7 @@ def test_json_carries_the_issues_fields(prism_db):
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
     assert {"study", "preset", "runs", "shapes", "rules", "fidelity"} <= set(out) and out["fidelity"] == []
-    assert out["study"] == "prism" and out["preset"] == "cpu" and out["shapes"] > 100
+    assert out["study"] == "prism" and out["preset"] == "cpu" and out["shapes"] > 40
     for rule in out["rules"]:
         assert {"name", "unit", "estimate", "ci95", "percent", "mdg", "verdict"} <= set(rule)
         low, high = rule["ci95"]
@@ -169,7 +169,7 @@ def test_a_square_without_its_rule_and_a_confirm_without_a_baseline_are_refused(
     failed = optuna.create_study(storage=sqlite_url(tmp_path / "nobase.db"), study_name="nobase")
     for key, value in study.user_attrs.items():
         failed.set_user_attr(key, value)
-    trials = [t for t in study.get_trials() if t.user_attrs.get("key") != baseline]
+    trials = [t for t in study.get_trials() if t.user_attrs.get("key") != baseline][:12]
     failed.add_trials(trials)
     result = invoke("rules", "--storage", sqlite_url(tmp_path / "nobase.db"), "--confirm", "cpu-long", "--runs",
                     str(tmp_path / "runs"))

@@ -16,12 +16,10 @@ from optuna.trial import TrialState
 from search_helpers import TINY, assert_no_repeated_work, counted, load_trials, run_nas, sqlite_url
 from typer.testing import CliRunner
 
-import runners.device
 from nas.arch import uniform
 from nas.cli import app
 from nas.cli.progress import Progress
 from nas.study.config import SearchConfig
-from nas.study.parallel import run_search
 from nas.study.session import make_sampler
 from nas.study.worker import TrialEvent, summary
 from runners.presets import get_preset
@@ -122,13 +120,13 @@ def test_options_typed_with_their_default_values_keep_the_default_study_name():
 
 # ----------------------------------------------------------------- nas best
 @pytest.fixture(scope="module")
-def small_study(tmp_path_factory, nas_cache):
-    """A space of 3 searched with 4 trials: every member once, then a second seed of the baseline."""
-    storage = sqlite_url(tmp_path_factory.mktemp("best") / "best.db")
-    with pytest.MonkeyPatch.context() as patch:  # one torch thread, as the one_thread fixture
-        patch.setattr(runners.device, "available_cores", lambda: 1)
-        search = run_search(SearchConfig(space=SpaceOptions(space="prism"), preset="tiny", storage=storage, trials=4))
-    return storage, search.config.study_name, load_trials(storage, search.config.study_name)
+def small_study(tmp_path_factory, tiny_study_file):
+    """A space of 3 searched with 4 trials: every member once, then a second seed of the baseline (the session's
+    tiny study, a copy of this module's own)."""
+    from tests.search_helpers import copy_study
+
+    storage = copy_study(tiny_study_file, tmp_path_factory.mktemp("best") / "best.db")
+    return storage, "proxy", load_trials(storage, "proxy")
 
 
 @pytest.mark.slow

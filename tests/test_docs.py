@@ -81,7 +81,7 @@ def test_every_nas_command_in_the_docs_runs_or_parses(tmp_path, monkeypatch, one
     assert len(commands) >= 15, commands
     monkeypatch.chdir(tmp_path)
     runner = CliRunner()
-    made = runner.invoke(app, ["search", "--space", "prism", "--preset", "tiny", "--trials", "4", "--tokens", "1k",
+    made = runner.invoke(app, ["search", "--space", "prism", "--preset", "tiny", "--trials", "6", "--tokens", "1k",
                                "--study-name", "prism-cpu"])
     assert made.exit_code == 0, made.output
     for line in commands:

@@ -81,7 +81,7 @@ def test_the_report_renders_every_figure_offline_with_no_console_error(tmp_path,
     assert seen["page_errors"] == [] and [m for m in seen["console"] if m[0] in ("error", "warning")] == []
     assert [r for r in seen["requests"] if not r.startswith("file:")] == []  # no request of any kind
     assert seen["figures"] and all(svgs >= 1 and traces >= 1 for _, svgs, traces in seen["figures"]), seen["figures"]
-    assert seen["sections"][0] == "summary" and len(seen["sections"]) == 8
+    assert seen["sections"][:3] == ["summary", "leaderboard", "rules"] and len(seen["sections"]) == 9
 
 
 def test_a_study_named_like_a_script_shows_as_text_and_runs_nothing(tmp_path):

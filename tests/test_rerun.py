@@ -15,13 +15,10 @@ from search_helpers import NAS, TINY, nas_env, run_nas, sqlite_url
 from typer.testing import CliRunner
 
 from nas.cli import app
-from nas.study.config import SearchConfig
-from nas.study.parallel import run_search
 from nas.study.records import rerun_study_name
 from reports.frame import read_study
 from reports.html import build_report
 from reports.reruns import read_reruns
-from search_spaces.factory import SpaceOptions
 
 pytestmark = pytest.mark.slow
 
@@ -30,11 +27,9 @@ RERUN = ["rerun", "--preset", "tiny", "--tokens", "2560", "--top", "2", "--seeds
 
 
 @pytest.fixture
-def proxy_study(tmp_path, one_thread) -> str:
-    storage = sqlite_url(tmp_path / "nas.db")
-    run_search(SearchConfig(space=SpaceOptions(space="prism"), preset="tiny", storage=storage, trials=4,
-                            study_name="proxy"))
-    return storage
+def proxy_study(tiny_study, one_thread) -> str:
+    """The session's tiny 4-trial study ``proxy``, this test's own copy (``tests/conftest.py``)."""
+    return tiny_study
 
 
 def test_export_writes_rows_that_train_and_carry_the_proxys_intervals(proxy_study, tmp_path):
