@@ -64,7 +64,8 @@ def at_text(rule: Rule, estimate: RuleEstimate) -> str:
     if estimate.at is None:
         return ""
     where = rule.value_text(estimate.at) if rule.value_text else f"{rule.name} = {estimate.at:.3g}"
-    return f" (at {where}, the {'proxy' if estimate.proxy_at else 'shapes'}' mean)"
+    whose = "the proxy's shapes'" if estimate.proxy_at else "the shapes'"
+    return f" (at {where}, {whose} mean)"
 
 
 def rule_sentence(rule: Rule, fit: RuleFit, answer: RuleAnswer | None = None) -> str:

@@ -196,6 +196,12 @@ def test_a_rule_fitted_with_its_square_is_read_as_its_slope_at_the_shapes_mean()
     assert raw.optimum("lin", "sq") is None  # without the pair declared there is no U to read
     there = fit_rules(scores, covariates, ["lin", "sq"], 3.0, squares={"sq": "lin"}, at={"lin": 5.0})
     assert there.estimate("lin").estimate == pytest.approx(b1 + 10 * b2) and there.estimate("lin").proxy_at
+    from reports.rule_text import at_text
+    from search_spaces.hourglass import HOURGLASS_RULES
+
+    rule = next(r for r in HOURGLASS_RULES if r.name == "log2_d_over_L")
+    assert at_text(rule, there.estimate("lin")) == " (at d_model/L = 32, the proxy's shapes' mean)"
+    assert at_text(rule, slope).endswith(", the shapes' mean)")
 
 
 def test_a_narrow_range_is_not_read_as_the_square_confounded_with_its_rule():
