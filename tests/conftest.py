@@ -169,7 +169,8 @@ def postgres_url(postgres_server: str, request: pytest.FixtureRequest) -> str:
 # --no-loadscope-reorder in pyproject.toml) lets the two lanes finish together.
 SLOWEST_FIRST = ("test_faults.py", "test_load.py", "test_search_concurrency.py", "test_benchmarks_smoke.py",
                  "test_full_run.py", "test_gpu_path.py", "test_fuzz.py", "test_search_resume.py", "test_hostile.py",
-                 "test_search_e2e.py", "test_hourglass_chain.py", "test_docs.py", "test_rerun.py", "test_security.py")
+                 "test_search_e2e.py", "test_report_browser.py", "test_cli_rules.py", "test_hourglass_chain.py",
+                 "test_rule_benchmarks.py", "test_docs.py", "test_rerun.py", "test_security.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
