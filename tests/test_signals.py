@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import weakref
@@ -46,6 +47,31 @@ SWALLOWED = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableException
 
 
 @SWALLOWED
+def test_a_stop_sqlalchemy_catches_logs_and_raises_again_stops_without_a_traceback(tmp_path, caplog):
+    """A load test's Ctrl-C to four workers landed while SQLAlchemy's pool reset a connection it was taking back:
+    the pool logged "Exception during reset or similar" with the traceback, then raised the KeyboardInterrupt again.
+    The stop must still come, without the record."""
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(sqlite_url(tmp_path / "x.db"))
+
+    def cut_by_a_signal(dbapi_connection) -> None:  # what signals._stop raises wherever the main thread is
+        raise KeyboardInterrupt
+
+    interruptible()
+    connection = engine.connect()
+    engine.dialect.do_rollback = cut_by_a_signal  # the pool's reset on return rolls back
+    with caplog.at_level("DEBUG", logger="sqlalchemy.pool"), pytest.raises(KeyboardInterrupt):
+        connection.close()
+    assert "Exception during reset" not in caplog.text and "Traceback" not in caplog.text, caplog.text
+    assert "Invalidate connection" in caplog.text  # the pool's other records still pass ...
+    logger = logging.getLogger("sqlalchemy.pool.impl.QueuePool")
+    with caplog.at_level("ERROR", logger="sqlalchemy.pool"):
+        logger.error("a real pool error", exc_info=ValueError("x"))  # ... and its errors with their tracebacks
+    assert "a real pool error" in caplog.text and "ValueError" in caplog.text
+    interruptible()
+
+
 def test_a_stop_whose_exception_python_swallowed_is_raised_at_the_next_check():
     interruptible()
     raise_if_stopped()  # none came: nothing

@@ -14,10 +14,16 @@ collection included, and an exception raised inside a weakref callback or a ``__
 ``InstanceState._cleanup`` and the search trained on for five minutes. So the handler also records
 the signal, and ``raise_if_stopped`` (between trials, at every evaluation of a training, in the
 parent's event loop) raises it again until the process stops.
+
+Where a library catches the handler's exception, logs it and raises it again, the stop is not lost but its log
+record would print a traceback under the clean stop's one line: SQLAlchemy's pool logs "Exception during reset or
+similar" with the ``KeyboardInterrupt`` when the signal lands while it returns a connection (a load test's Ctrl-C
+to four workers). ``QuietStop`` drops such records; every other record passes.
 """
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 from collections.abc import Iterator
@@ -43,6 +49,31 @@ def _stop(signum: int, frame: Any) -> None:
     raise _stop_exception(signum)
 
 
+class QuietStop(logging.Filter):
+    """Drop a log record whose exception is a stop (``KeyboardInterrupt``, ``Terminated``): the library re-raises it
+    and the search stops with its own line (module docstring)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, KeyboardInterrupt)
+
+
+QUIET_LOGGERS = ("sqlalchemy.pool",)  # libraries that log a caught stop before raising it again (and their children)
+
+
+def quiet_stops() -> None:
+    """``QuietStop`` on each of ``QUIET_LOGGERS`` and the loggers below them (a filter acts only on records made at
+    its own logger: SQLAlchemy logs at one per pool class, ``sqlalchemy.pool.impl.QueuePool``)."""
+    import sqlalchemy.pool  # noqa: F401  (defines the pool classes' loggers)
+
+    names = [name for name in logging.Logger.manager.loggerDict
+             if any(name == q or name.startswith(q + ".") for q in QUIET_LOGGERS)]
+    for name in {*QUIET_LOGGERS, *names}:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, QuietStop) for f in logger.filters):
+            logger.addFilter(QuietStop())
+
+
 def raise_if_stopped() -> None:
     """Raise ``KeyboardInterrupt`` (``Terminated`` for SIGTERM) if a stop signal came whose exception was swallowed
     (module docstring); a no-op when none came."""
@@ -62,6 +93,7 @@ def interruptible() -> None:
         _received.clear()
         signal.signal(signal.SIGINT, _stop)
         signal.signal(signal.SIGTERM, _stop)
+    quiet_stops()
 
 
 @contextmanager
