@@ -3,7 +3,9 @@
 - figure 10 (``benchmarks/data/ranking_simulation.json``): P(pick = true best) of each replicate policy
   against its replicate trials, at the measured and at half the paired noise;
 - figure 12 (``benchmarks/data/proxy_fidelity.json``): each (proxy, score)'s separation and Kendall tau
-  against the reference panel, against the CPU seconds one trial costs.
+  against the reference panel, against the CPU seconds one trial costs;
+- figure 13 (``benchmarks/data/rule_simulation.json``): the design rules on known truths, per study size: each
+  rule's interval coverage, the null rule's false rule rate, the planted rule's power.
 """
 
 from __future__ import annotations
@@ -92,4 +94,39 @@ def figure_12(data: dict[str, Any] | None = None) -> go.Figure:
     fig.update_xaxes(title_text="CPU seconds per trial (one core)")
     fig.update_layout(title="Figure 12: proxies and scores at their CPU cost (the reference panel's 13 shapes)",
                       height=520, width=1200, margin={"t": 70, "l": 60, "r": 20, "b": 50})
+    return fig
+
+
+def figure_13(data: dict[str, Any] | None = None) -> go.Figure:
+    """Per row of the rule simulation (trials, the shapes' sd beyond the rules): coverage of the null and the
+    planted rule's 95 % interval (target 0.95), the false rule rate (target 0.05) and the power against the planted
+    rule, with the binomial 95 % band of each share over the row's studies."""
+    data = data or json.loads((DATA / "rule_simulation.json").read_text())
+    rows = sorted(data["rows"], key=lambda r: (r["tau"], r["trials"]))
+    labels = [f"{r['trials']} trials, tau {r['tau']:g}" for r in rows]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("95 % interval coverage (target >= 0.95)",
+                                                        "false rule rate (target <= 0.05) and power"))
+
+    def series(prefix: str) -> list[float | None]:
+        return [next((v for k, v in r.items() if k.startswith(prefix)), None) for r in rows]
+
+    def band(values: list[float | None]) -> list[float]:
+        return [0.0 if v is None else 1.96 * (v * (1 - v) / r["studies"]) ** 0.5 for v, r in zip(values, rows)]
+
+    for col, items in ((1, (("coverage reduced_layers", "null rule", "#1b9e77"),
+                            ("coverage log2_first_heads", "planted rule", "#d95f02"))),
+                       (2, (("false rule rate", "false rule rate (null rule resolved)", "#7570b3"),
+                            ("power log2_first_heads", "power (planted rule resolved, right sign)", "#e7298a")))):
+        for prefix, name, colour in items:
+            values = series(prefix)
+            fig.add_trace(go.Scatter(x=labels, y=values, mode="markers", name=name, marker={"color": colour,
+                                     "size": 11}, error_y={"type": "data", "array": band(values)}), row=1, col=col)
+    fig.add_hline(y=0.95, line_dash="dash", line_color="#999", annotation_text="0.95", row=1, col=1)
+    fig.add_hline(y=0.05, line_dash="dash", line_color="#999", annotation_text="0.05", row=1, col=2)
+    fig.update_yaxes(range=[0.85, 1.0], row=1, col=1)
+    fig.update_yaxes(range=[0, 1.0], row=1, col=2)
+    studies = sorted({r["studies"] for r in rows})
+    per_row = f"{studies[0]:,}" if len(studies) == 1 else f"{studies[0]:,}-{studies[-1]:,}"
+    fig.update_layout(title=f"Figure 13: design rules on known truths ({per_row} simulated studies a row)",
+                      height=460, width=1200, margin={"t": 70, "l": 60, "r": 20, "b": 80})
     return fig

@@ -29,14 +29,15 @@ def nas(*args: str, cwd: Path) -> None:
 
 
 def benchmark_figures(work: Path, out: Path, chromium: str) -> None:
-    """Figures 10, 11(c) and 12 as PNG files (``figure-10.png`` ...), drawn by plotly in Chromium."""
+    """Figures 10, 11(c), 12 and 13 as PNG files (``figure-10.png`` ...), drawn by plotly in Chromium."""
     from playwright.sync_api import sync_playwright
 
-    from benchmarks.plots import figure_10, figure_11, figure_12
+    from benchmarks.plots import figure_10, figure_11, figure_12, figure_13
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=ARGS)
-        for name, fig in (("figure-10", figure_10()), ("figure-11", figure_11()), ("figure-12", figure_12())):
+        for name, fig in (("figure-10", figure_10()), ("figure-11", figure_11()), ("figure-12", figure_12()),
+                          ("figure-13", figure_13())):
             page_file = work / f"{name}.html"
             fig.write_html(str(page_file), include_plotlyjs=True, full_html=True)
             page = browser.new_page(viewport={"width": int(fig.layout.width) + 20,

@@ -134,11 +134,11 @@ def test_the_reference_panel_and_the_proxy_fidelity_figure_run_end_to_end(tmp_pa
                                                               "extrapolated"}
 
 
-def test_the_docs_plots_of_figures_10_11_and_12_draw_every_recorded_row() -> None:
+def test_the_docs_plots_of_figures_10_to_13_draw_every_recorded_row() -> None:
     """``benchmarks/plots.py`` draws the recorded data (``docs/make_images.py`` renders it): one point per row."""
     import json
 
-    from benchmarks.plots import DATA, figure_10, figure_11, figure_12
+    from benchmarks.plots import DATA, figure_10, figure_11, figure_12, figure_13
 
     rows = json.loads((DATA / "ranking_simulation.json").read_text())["rows"]
     drawn = sum(len(trace.x) for trace in figure_10().data)
@@ -149,6 +149,9 @@ def test_the_docs_plots_of_figures_10_11_and_12_draw_every_recorded_row() -> Non
     assert len(separation) == points >= 15
     curves = [c["result"]["pruning_spearman"] for c in fidelity["configs"] if c["result"].get("pruning_spearman")]
     assert sum(len(t.x) for t in figure_11().data) == sum(len(c) for c in curves) >= 40
+    simulated = json.loads((DATA / "rule_simulation.json").read_text())["rows"]
+    drawn = [sum(v is not None for v in trace.y) for trace in figure_13().data]  # 4 shares, one point a row each
+    assert drawn == [len(simulated)] * 4 and len(simulated) >= 3 and min(r["studies"] for r in simulated) >= 1000
 
 
 def test_the_stored_hourglass_panel_gives_the_width_depth_optimum_the_docs_quote(capsys) -> None:
