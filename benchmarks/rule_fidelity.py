@@ -8,9 +8,9 @@ For each axis (Prism: ``benchmarks/data/proxy_fidelity.json`` and ``reference_pa
 tokens and 262k; Hourglass: ``proxy_fidelity_hourglass.json`` and ``reference_panel_hourglass.json``, 17 shapes), the
 space's default rules (``search_spaces.catalog``) are fitted by the rule model (``nas.stats.rules``) to each
 configuration's runs and to the panel's, and each configuration's rule is judged against the panel's, the longer
-budget, as ``nas rules --confirm`` judges it (``nas.stats.rules.fidelity``: held, shrank, reversed, not resolved). A
-width-48 configuration's shapes stand for the width-96 schedules they scale (its ``key_map``), so every budget reads
-the same covariates.
+budget, as ``nas rules --confirm`` judges it (``nas.stats.rule_checks.fidelity``: held, shrank, reversed, not
+resolved). A width-48 configuration's shapes stand for the width-96 schedules they scale (its ``key_map``), so every
+budget reads the same covariates.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.reference_panel import HOURGLASS_FILE, REFERENCE_FILE, load_panel, panel_shapes
-from nas.stats.rules import RuleFit, fidelity, fit_rules
+from nas.stats.rule_checks import fidelity
+from nas.stats.rules import RuleFit, fit_rules
 from nas.stats.scores import ShapeScores
 from search_spaces.catalog import choose_rules, rule_catalog
 

@@ -163,7 +163,7 @@ def fit_json(fit: RuleFit | None, rules: tuple[Rule, ...]) -> dict[str, object]:
 
 def left_out_text(answer: RuleAnswer | None) -> str | None:
     """What the proxy's fit could not read (pruned or failed trials: their final scores are missing), and the rules
-    on which the left-out shapes differ from the read ones (``nas.stats.rules.selection_imbalance``)."""
+    on which the left-out shapes differ from the read ones (``nas.stats.rule_checks.selection_imbalance``)."""
     if answer is None or not answer.left_out:
         return None
     counted = " and ".join(f"{n} {why} trial{'s' if n != 1 else ''}" for why, n in answer.left_out.items())
@@ -177,7 +177,7 @@ def left_out_text(answer: RuleAnswer | None) -> str | None:
 
 def rules_json(study: str, preset: str, answer: RuleAnswer | None, rules: tuple[Rule, ...]) -> dict[str, object]:
     """``nas rules --format json``: the study's rules at its proxy, then at every longer budget with each rule's
-    fidelity verdict (``nas.stats.rules.fidelity``)."""
+    fidelity verdict (``nas.stats.rule_checks.fidelity``)."""
     proxy = answer.proxy if answer is not None else None
     out: dict[str, object] = {"study": study, "preset": preset, **fit_json(proxy, rules), "fidelity": [],
                               "left_out": dict(answer.left_out) if answer is not None else {},

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from nas.errors import UsageError
 from search_spaces.base import Rule
-from search_spaces.hourglass import HOURGLASS_RULES
+from search_spaces.hourglass_rules import HOURGLASS_RULES
 from search_spaces.kv import GQA_RULES
 from search_spaces.prism import PRISM_RULES
 

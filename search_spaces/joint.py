@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 from nas.arch import ArchConfig
 from nas.errors import UsageError
 from search_spaces.base import SearchSpace
-from search_spaces.hourglass import HOURGLASS_RULES, HourglassSpace
+from search_spaces.hourglass import HourglassSpace
+from search_spaces.hourglass_rules import HOURGLASS_RULES
 from search_spaces.prism import PRISM_RULES, PrismSpace
 
 if TYPE_CHECKING:

@@ -7,18 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from nas.stats.rules import (
-    CONFOUNDED_VERDICT,
-    HELD,
-    NOT_RESOLVED,
-    NOT_VARIED,
-    RESOLVED,
-    REVERSED,
-    SHRANK,
-    RuleEstimate,
-    fidelity,
-    fit_rules,
-)
+from nas.stats.rule_checks import HELD, REVERSED, SHRANK, fidelity
+from nas.stats.rules import CONFOUNDED_VERDICT, NOT_RESOLVED, NOT_VARIED, RESOLVED, RuleEstimate, fit_rules
 from nas.stats.scores import ShapeScores
 
 
@@ -167,7 +157,7 @@ def test_fidelity_verdicts(proxy, longer, verdict):
 
 
 def test_fidelity_of_a_rule_the_proxy_did_not_resolve_is_nothing_to_check():
-    from nas.stats.rules import NOTHING_TO_CHECK
+    from nas.stats.rule_checks import NOTHING_TO_CHECK
 
     assert fidelity(RuleEstimate("x", CONFOUNDED_VERDICT), estimate(0.1, 0.01)) == NOTHING_TO_CHECK
     unresolved = RuleEstimate("x", NOT_RESOLVED, 0.01, 0.01, -0.01, 0.03, 0.03, 100, 3.0)
@@ -197,7 +187,7 @@ def test_a_rule_fitted_with_its_square_is_read_as_its_slope_at_the_shapes_mean()
     there = fit_rules(scores, covariates, ["lin", "sq"], 3.0, squares={"sq": "lin"}, at={"lin": 5.0})
     assert there.estimate("lin").estimate == pytest.approx(b1 + 10 * b2) and there.estimate("lin").proxy_at
     from reports.rule_text import at_text
-    from search_spaces.hourglass import HOURGLASS_RULES
+    from search_spaces.hourglass_rules import HOURGLASS_RULES
 
     rule = next(r for r in HOURGLASS_RULES if r.name == "log2_d_over_L")
     assert at_text(rule, there.estimate("lin")) == " (at d_model/L = 32, the proxy's shapes' mean)"

@@ -45,7 +45,8 @@ from nas.stats.resolution import (
     posterior_resolution,
     resolution,
 )
-from nas.stats.rules import RuleEstimate, RuleFit, fidelity, fit_rules, selection_imbalance
+from nas.stats.rule_checks import fidelity, selection_imbalance
+from nas.stats.rules import RuleEstimate, RuleFit, fit_rules
 from nas.stats.scores import ShapeScores
 from nas.stats.shrinkage import Z
 

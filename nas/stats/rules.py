@@ -44,7 +44,7 @@ A rule and its square (``Rule.square_of``: the width-depth U) have an optimum ``
 interval is Fieller's (1954), the exact set of ``x`` with ``|b_1 + 2 b_2 x| <= t sd(b_1 + 2 b_2 x)``.
 
 At a longer budget (``nas rules --confirm``) the same model is fitted to the re-runs and each rule's two estimates
-compared (``fidelity``): **held**, **shrank**, **reversed** or **not resolved**.
+compared (``nas.stats.rule_checks.fidelity``): **held**, **shrank**, **reversed** or **not resolved**.
 """
 
 from __future__ import annotations
@@ -69,8 +69,6 @@ GOLDEN_STEPS = 48  # golden-section steps refining REML's log lambda: the bracke
 
 RESOLVED, NOT_RESOLVED, CONFOUNDED_VERDICT, NOT_VARIED = "resolved", "not resolved", "confounded", "not varied"
 TOO_FEW_SHAPES = "too few shapes"
-HELD, SHRANK, REVERSED = "held", "shrank", "reversed"
-NOTHING_TO_CHECK = "nothing to check (not resolved at the proxy)"
 
 
 @dataclass(frozen=True)
@@ -369,68 +367,3 @@ def _estimate(design: _Design, n_rules: int, n_shapes: int, n_seeds: int):
     tau = 0.0 if math.isinf(mode_log_lam) else math.sqrt(s2 / math.exp(mode_log_lam))
     df = max(1, n_shapes - 1 - n_rules)
     return beta[rules], covariance, tau, math.sqrt(s2), df, beta[:n_seeds]
-
-
-def fidelity(proxy: RuleEstimate, longer: RuleEstimate) -> str:
-    """How a rule read at the proxy fared at a longer budget (two independent studies):
-
-    - **reversed**: the longer budget's interval excludes 0 on the other side;
-    - **shrank**: the longer estimate has the proxy's sign, is closer to 0, and the difference's 95 % interval
-      excludes 0 (Welch: ``|b_long - b_proxy| > t_df sqrt(sd_p^2 + sd_l^2)`` with Welch-Satterthwaite's ``df``,
-      each side's own degrees of freedom);
-    - **held**: the longer budget's interval excludes 0 on the proxy's side (and it did not shrink);
-    - **not resolved**: otherwise (the longer interval holds 0 and the change is within the noise, or its sign
-      flipped without the longer budget resolving it), or the longer budget has no estimate.
-
-    A rule the proxy did not resolve claimed nothing to check: ``NOTHING_TO_CHECK`` (its estimates at both budgets
-    are still shown)."""
-    if proxy.verdict != RESOLVED:
-        return NOTHING_TO_CHECK
-    if not (proxy.estimated and longer.estimated and proxy.estimate and longer.sd is not None
-            and proxy.sd is not None and longer.low is not None and longer.high is not None):
-        return NOT_RESOLVED
-    sign = 1.0 if proxy.estimate > 0 else -1.0
-    if (sign > 0 and longer.high < 0) or (sign < 0 and longer.low > 0):
-        return REVERSED
-    same_sign = sign * longer.estimate > 0  # type: ignore[operator]
-    difference = abs(longer.estimate - proxy.estimate)  # type: ignore[operator]
-    closer = abs(longer.estimate) < abs(proxy.estimate)  # type: ignore[arg-type]
-    if same_sign and closer and difference > quantile(welch_df(proxy, longer)) * math.hypot(proxy.sd, longer.sd):
-        return SHRANK
-    if (sign > 0 and longer.low > 0) or (sign < 0 and longer.high < 0):
-        return HELD
-    return NOT_RESOLVED
-
-
-def welch_df(a: RuleEstimate, b: RuleEstimate) -> int:
-    """Welch-Satterthwaite degrees of freedom of ``a - b``: ``(s_a^2 + s_b^2)^2 / (s_a^4 / df_a + s_b^4 / df_b)``."""
-    va, vb = (a.sd or 0.0) ** 2, (b.sd or 0.0) ** 2
-    denominator = va**2 / max(a.df, 1) + vb**2 / max(b.df, 1)
-    return max(1, int((va + vb) ** 2 / denominator)) if denominator > 0 else 10**6
-
-
-def selection_imbalance(covariates: Mapping[str, Sequence[float]], kept: Sequence[str], left: Sequence[str],
-                        names: Sequence[str], alpha: float = ALPHA) -> dict[str, float]:
-    """The rules whose values differ between the shapes a fit read and those it left out (pruned or failed trials,
-    whose final scores are missing): Welch's t-test per rule, ``{name: p value}`` below ``alpha``.
-
-    The pruner stops a trial on its early loss, so a missing score is not missing at random: where the left-out
-    shapes lean to one side of a rule, the fit sees only that side's survivors, and the rule reads milder than it
-    is (or flips)."""
-    from scipy.special import stdtr
-
-    out = {}
-    for j, name in enumerate(names):
-        a = np.array([covariates[k][j] for k in kept if k in covariates], dtype=float)
-        b = np.array([covariates[k][j] for k in left if k in covariates], dtype=float)
-        if len(a) < 2 or len(b) < 2:
-            continue
-        va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
-        if va + vb <= 0:
-            continue
-        t = (a.mean() - b.mean()) / math.sqrt(va + vb)
-        df = (va + vb) ** 2 / ((va**2 / (len(a) - 1) if va else 0) + (vb**2 / (len(b) - 1) if vb else 0) or 1e-300)
-        p = float(2 * stdtr(df, -abs(t)))
-        if p < alpha:
-            out[name] = p
-    return out
