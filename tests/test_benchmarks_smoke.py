@@ -162,3 +162,22 @@ def test_the_stored_hourglass_panel_gives_the_width_depth_optimum_the_docs_quote
     assert "halves tau +0.76 [+0.59, +0.82]" in printed
     assert "width-depth optimum d_model/L 167 [130, 239] over 17 shapes" in printed  # docs/concepts/proxy.md
     assert "K = 1 alone 134 [107, 189]" in printed
+
+
+def test_fused_attention_benchmark_smoke_writes_kernel_and_step_ratios(tmp_path) -> None:
+    """``python -m benchmarks.fused_attention --smoke``: every kernel row either a ratio or "no fused kernel", every
+    step shape a positive ratio, the peak and the machine beside them."""
+    import json
+
+    from benchmarks import fused_attention
+
+    out = tmp_path / "fused_attention.json"
+    assert fused_attention.main(["--smoke", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["smoke"] and data["peak_gflops"] > 0 and data["machine"]["cpu"]
+    assert {row["head dim"] for row in data["kernels"]} == {8, 24}
+    for row in data["kernels"]:
+        assert (row["ratio"] is None) == (row["head dim"] == 24)
+        assert row["ratio"] is None or row["ratio"] > 0
+    assert [row["shape"] for row in data["steps"]] == list(fused_attention.STEP_SHAPES)
+    assert all(row["ratio"] > 0 and row["fused tokens/s"] > 0 for row in data["steps"])

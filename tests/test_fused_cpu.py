@@ -87,6 +87,58 @@ def test_causal_softmax_matches_a_masked_softmax(heads, block, r0, threads) -> N
     assert (out[:, ~mask] == 0).all()
 
 
+def _reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """softmax(q k^T + causal mask) v in float64, as (B, T, H, Dh)."""
+    T = q.shape[2]
+    scores = (q @ k.transpose(-1, -2)).masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    return (scores.softmax(-1) @ v).transpose(1, 2)
+
+
+@pytest.mark.parametrize("batch,heads,seq,head_dim", [(1, 1, 1, 8), (2, 3, 5, 8), (1, 2, 16, 12), (2, 2, 17, 16),
+                                                      (4, 12, 128, 8), (1, 6, 200, 16), (3, 8, 37, 12)])
+def test_fused_attention_matches_float64_attention_and_its_gradients(batch, heads, seq, head_dim, threads) -> None:
+    """FusedCausalAttention at every head dim it has a kernel for, contexts on and off its 16-key chunks, one key
+    (T = 1) and more heads than threads; forward alone (evaluation) gives the training forward's output."""
+    from nas.model.attention_kernels import FusedCausalAttention
+    from nas.model.kernels import apply_function
+
+    torch.manual_seed(5)
+    q64, k64, v64 = (torch.randn(batch, heads, seq, head_dim, dtype=torch.float64) for _ in range(3))
+    q, k, v = (t.float().requires_grad_() for t in (q64, k64, v64))
+    out = FusedCausalAttention.apply(q, k, v)  # (B, T, H, Dh)
+    expected = _reference_attention(*(t.requires_grad_() for t in (q64, k64, v64)))
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=5e-6)
+    d_out = torch.randn_like(expected)
+    out.backward(d_out.float())
+    expected.backward(d_out)
+    for mine, reference in ((q, q64), (k, k64), (v, v64)):
+        torch.testing.assert_close(mine.grad.double(), reference.grad, rtol=1e-4, atol=1e-5)
+    with torch.no_grad():
+        torch.testing.assert_close(apply_function(FusedCausalAttention, q, k, v), out.detach(), rtol=0, atol=0)
+
+
+def test_the_model_takes_fused_attention_where_it_has_a_kernel() -> None:
+    """Head dims 8, 12, 16 in fp32 on CPU take FusedCausalAttention; 24, grouped layers and autocast do not."""
+    from nas.model.attention_kernels import use_fused_attention
+
+    for head_dim, taken in ((8, True), (12, True), (16, True), (24, False)):
+        assert use_fused_attention(torch.zeros(2, 3, 64, head_dim)) is taken
+    assert not use_fused_attention(torch.zeros(2, 3, 64, 8, dtype=torch.float64))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not use_fused_attention(torch.zeros(2, 3, 64, 8))
+    arch = ArchConfig(n_layers=2, d_model=96, heads=(12, 4), ffn=FFNShape(1, 64), vocab_size=50)
+    model = Transformer(arch)
+    loss = model(torch.randint(0, 50, (2, 20)), torch.randint(0, 50, (2, 20)))
+    nodes, stack = set(), [loss.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is not None and node not in nodes:
+            nodes.add(node)
+            stack.extend(next_node for next_node, _ in node.next_functions)
+    names = {type(node).__name__ for node in nodes}
+    assert {"FusedCausalAttentionBackward", "BlockedCausalAttentionBackward"} <= names  # layer 0 and layer 1
+
+
 def test_model_gives_the_same_loss_and_gradients_with_and_without_the_kernels() -> None:
     """A Prism schedule with an hourglass FFN (K=2) and an odd head dim: every fused path, end to end."""
     arch = ArchConfig(n_layers=3, d_model=42, heads=(2, 6, 6), ffn=FFNShape(2, 24), vocab_size=50)

@@ -82,19 +82,27 @@ def test_logits_match_hf_llama_with_the_same_weights(arch: ArchConfig) -> None:
 @pytest.mark.parametrize("arch, T, blocked", [
     (uniform(2, 96, 12, 256, FFNShape(1, 256)), 128, True),  # the default proxy's head dim 8, its context 128
     (uniform(2, 96, 8, 300, FFNShape(1, 192), tie_embeddings=False), 100, True),  # head dim 12, 2 uneven blocks
+    # the same two through BlockedCausalAttention (FusedCausalAttention takes them where its kernels are built)
+    (uniform(2, 96, 12, 256, FFNShape(1, 256)), 128, "blocked"),
+    (uniform(2, 96, 8, 300, FFNShape(1, 192), tie_embeddings=False), 100, "blocked"),
     (uniform(2, 64, 2, 256, FFNShape(1, 2048)), 200, True),  # head dim 32, 3 query blocks, GatedUpProjection
     (uniform(1, 32, 4, 256, FFNShape(1, 64)), 24, True),  # a single block shorter than QUERY_BLOCK
     (uniform(1, 32, 1, 256, FFNShape(1, 64)), 600, False),  # beyond BLOCKED_ATTENTION_MAX_T: SDPA
     # grouped-query attention: 12 query heads on 4 key/value heads (the grouped blocked kernel), 4 on 1 (SDPA)
     (uniform(2, 96, 12, 256, FFNShape(1, 256)).replace(kv_heads=[4, 4]), 128, True),
     (uniform(1, 32, 4, 256, FFNShape(1, 64)).replace(kv_heads=[1]), 600, False),
-], ids=["dh8-T128", "dh12-T100", "dh32-T200", "dh8-T24", "sdpa-T600", "gqa-dh8-T128", "mqa-sdpa-T600"])
-def test_cpu_attention_paths_match_hf_in_logits_and_gradients(arch: ArchConfig, T: int, blocked: bool) -> None:
-    """CPU training through BlockedCausalAttention (own forward and backward) or SDPA matches HF's eager LLaMA."""
-    from nas.model.attention_kernels import use_blocked_attention
+], ids=["dh8-T128", "dh12-T100", "dh8-T128-blocked", "dh12-T100-blocked",
+        "dh32-T200", "dh8-T24", "sdpa-T600", "gqa-dh8-T128", "mqa-sdpa-T600"])
+def test_cpu_attention_paths_match_hf_in_logits_and_gradients(arch: ArchConfig, T: int, blocked: bool | str,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPU training through FusedCausalAttention or BlockedCausalAttention (own forward and backward) or SDPA
+    matches HF's eager LLaMA."""
+    from nas.model import attention_kernels
 
+    if blocked == "blocked":
+        monkeypatch.setattr(attention_kernels, "FUSED_ATTENTION_HEAD_DIMS", ())
     # the path under test is taken (batch 3)
-    assert use_blocked_attention(torch.device("cpu"), 3 * arch.heads[0], T, 4) == blocked
+    assert attention_kernels.use_blocked_attention(torch.device("cpu"), 3 * arch.heads[0], T, 4) == bool(blocked)
     torch.manual_seed(0)
     model = Transformer(arch)
     with torch.no_grad():

@@ -2,7 +2,8 @@
 
 - ``BlockedCausalAttention``: exact causal attention by batched matmuls over query blocks (CPU, T <= 512);
   ``GroupedBlockedCausalAttention`` the same with each key/value head shared by a group of query heads;
-- ``use_blocked_attention``: where they beat SDPA's flash kernel (and fit in memory).
+- ``FusedCausalAttention``: the same, forward and backward each one C kernel call, at head dims 8 to 16;
+- ``use_blocked_attention``, ``use_fused_attention``: where they beat SDPA's flash kernel (and fit in memory).
 
 The masked softmax runs as a one-pass C kernel on CPU in fp32 (``nas.model.fused_cpu``; PyTorch ops where no C
 compiler is found). The q/k/v projections, the FFN and the norm are ``nas.model.kernels``.
@@ -15,6 +16,7 @@ from collections.abc import Callable
 import torch
 
 from nas.model import fused_cpu
+from nas.model.kernels import _ForwardOnly
 
 _CAUSAL_MASKS: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
 
@@ -225,9 +227,46 @@ class GroupedBlockedCausalAttention(torch.autograd.Function):
         return d_q, d_k, d_v
 
 
+class FusedCausalAttention(torch.autograd.Function):
+    """Exact causal attention, forward and backward, as one C kernel call each (``fused_cpu.c``,
+    ``causal_attention_forward``): CPU, fp32, multi-head (not grouped) layers up to ``FUSED_ATTENTION_MAX_HEAD_DIM``.
+
+    Input q (already times 1/sqrt(Dh)), k, v (B, H, T, Dh) contiguous; output (B, T, H, Dh), the layout the output
+    projection reads, so no copy follows. ``P = softmax(q k^T + causal mask)`` is computed for keys ``j <= i`` only
+    and its lower triangle kept for the backward (``N T (T + 1) / 2`` floats, N = B H); the backward is
+    ``dS = P (dO V^T - rowsum(P * dO V^T))``, ``dQ = dS K``, ``dK = dS^T Q``, ``dV = P^T dO``. At head dims of 8 to 16
+    this replaces batched matmuls with an inner dimension of Dh, the softmax and the layout copies of
+    ``BlockedCausalAttention`` (measurements: benchmarks/RESULTS.md, "Design measurements").
+    """
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        out, probs = fused_cpu.causal_attention_forward(q, k, v, keep_probs=not isinstance(ctx, _ForwardOnly))
+        if probs is not None:
+            ctx.save_for_backward(q, k, v, probs)
+        return out
+
+    @staticmethod
+    def backward(ctx, d_out: torch.Tensor):
+        q, k, v, probs = ctx.saved_tensors
+        return fused_cpu.causal_attention_backward(d_out.contiguous(), q, k, v, probs)
+
+
 TRANSPOSED_MAX_HEAD_DIM = 8  # BlockedCausalAttention computes Dh-wide products transposed up to this head dim
 BLOCKED_ATTENTION_MAX_T = 512  # CPU: BlockedCausalAttention up to this context, SDPA's flash kernel beyond
 BLOCKED_ATTENTION_MAX_BYTES = 512 * 2 ** 20  # ... and while one layer's saved scores stay under this
+
+
+FUSED_ATTENTION_HEAD_DIMS = (8, 12, 16)  # FusedCausalAttention's head dims: where it beats BlockedCausalAttention
+
+
+def use_fused_attention(q: torch.Tensor) -> bool:
+    """Whether multi-head attention on q (B, H, T, Dh) takes ``FusedCausalAttention``: CPU fp32 with the kernels built,
+    a head dim it has a kernel for, and the context and saved probabilities within ``use_blocked_attention``'s bounds.
+    """
+    B, H, T, Dh = q.shape
+    return (Dh in FUSED_ATTENTION_HEAD_DIMS and use_blocked_attention(q.device, B * H, T, q.element_size())
+            and fused_cpu.usable(q))
 
 
 def use_blocked_attention(device: torch.device, n_heads_total: int, seq_len: int, element_size: int) -> bool:

@@ -8,6 +8,7 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <omp.h>
 
@@ -257,4 +258,197 @@ void causal_softmax_(float *restrict p, int64_t N, int64_t Tb, int64_t r0, int t
     int64_t width = r0 + Tb, rows = N * Tb;
 #pragma omp parallel for schedule(static) num_threads(threads) if (rows * width >= PARALLEL_MIN)
     for (int64_t r = 0; r < rows; r++) causal_softmax_row(p + r * width, r0 + r % Tb + 1, width);
+}
+
+/* ------------------------------------------------------------------ causal attention, one pass per head
+ * P = softmax(q k^T + causal mask) row by row (q already times 1/sqrt(Dh)), O = P V   (Vaswani et al. 2017)
+ * backward (the softmax's Jacobian, as in FlashAttention-2, Dao 2023, section 2.2):
+ *   dP = dO V^T;  D_i = sum_j P_ij dP_ij;  dS = P (dP - D);  dQ = dS K;  dK = dS^T Q;  dV = P^T dO
+ * Only keys j <= i are touched (the masked half of the scores is never computed). Each head's keys and
+ * values are first transposed to (Dh, Tp), Tp = T rounded up to 16 and zero past T, so that keys are
+ * taken 16 at a time (one AVX-512 vector, two AVX2 or four NEON ones: GCC's vector extension) and a
+ * chunk's scores, and the Dh partial sums of P V, dQ, stay in registers across the loop over d. At
+ * Dh = 8 this replaces batched matmuls whose inner dimension is 8 (where a GEMM library spends most
+ * of its time packing), the separate softmax passes over scores too large for the cache, and the
+ * layout copies. The head dim is a compile-time constant (8, 12 or 16: one copy each).
+ * Layouts: q, k, v, dq, dk, dv (B, H, T, Dh); out, d_out (B, T, H, Dh) (the output projection's input
+ * as it is); probs, when not NULL, the lower triangles of P, head n's row i at n T(T+1)/2 + i(i+1)/2. */
+#define CHUNK 16
+typedef float vec16 __attribute__((vector_size(CHUNK * sizeof(float))));
+
+typedef float vec8 __attribute__((vector_size(8 * sizeof(float))));
+typedef float vec4 __attribute__((vector_size(4 * sizeof(float))));
+typedef int32_t vec16i __attribute__((vector_size(CHUNK * sizeof(int32_t))));
+static const vec16i LANES = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+
+static inline vec16 load16(const float *p) { vec16 v; memcpy(&v, p, sizeof v); return v; }
+static inline void store16(float *p, vec16 v) { memcpy(p, &v, sizeof v); }
+/* the lanes' sum as a tree (a sequential sum would be a 16-add dependency chain) */
+static inline float sum16(vec16 v) {
+    vec8 a, b;
+    memcpy(&a, &v, sizeof a);
+    memcpy(&b, (char *)&v + sizeof a, sizeof b);
+    a += b;
+    vec4 c, d;
+    memcpy(&c, &a, sizeof c);
+    memcpy(&d, (char *)&a + sizeof c, sizeof d);
+    c += d;
+    return (c[0] + c[2]) + (c[1] + c[3]);
+}
+/* x with the lanes of keys >= n (key c + l in lane l) replaced by fill: no scalar stores beside vector loads */
+static inline vec16 keep_before(vec16 x, int64_t c, int64_t n, float fill) {
+    vec16i keep = LANES < (int32_t)(n - c);
+    vec16 other = (vec16){0} + fill;
+    return (vec16)(((vec16i)x & keep) | ((vec16i)other & ~keep));
+}
+static inline int64_t triangle(int64_t i) { return i * (i + 1) / 2; }
+
+static void transpose_padded(const float *restrict x, float *restrict x_t, int64_t T, int64_t Tp, int64_t Dh) {
+    for (int64_t d = 0; d < Dh; d++) {
+        for (int64_t j = 0; j < T; j++) x_t[d * Tp + j] = x[j * Dh + d];
+        for (int64_t j = T; j < Tp; j++) x_t[d * Tp + j] = 0.0f;
+    }
+}
+
+/* softmax of row[0, n) in place, row[n, width) set to 0; width a multiple of CHUNK, row[n, width) = -inf on entry
+ * (exp_f of it is ~1e-38, not 0: zeroed at the end; its share of the sum is far below float rounding) */
+static inline void softmax_padded(float *restrict row, int64_t n, int64_t width) {
+    vec16 m16 = load16(row);
+    for (int64_t c = CHUNK; c < width; c += CHUNK) {
+        vec16 x = load16(row + c);
+        vec16i more = x > m16;
+        m16 = (vec16)(((vec16i)x & more) | ((vec16i)m16 & ~more));
+    }
+    float m = m16[0];
+    for (int l = 1; l < CHUNK; l++) m = m16[l] > m ? m16[l] : m; /* not a dependency chain of adds: compares */
+#pragma omp simd
+    for (int64_t j = 0; j < width; j++) row[j] = exp_f(row[j] - m);
+    vec16 sum = {0};
+    for (int64_t c = 0; c < width; c += CHUNK) sum += load16(row + c);
+    vec16 inv = (vec16){0} + 1.0f / sum16(sum);
+    for (int64_t c = 0; c < width - CHUNK; c += CHUNK) store16(row + c, load16(row + c) * inv);
+    store16(row + width - CHUNK, keep_before(load16(row + width - CHUNK) * inv, width - CHUNK, n, 0.0f));
+}
+
+#define ATTENTION_FIXED(DH)                                                                                      \
+    static void attention_head_forward_##DH(const float *restrict q, const float *restrict k,                   \
+                                            const float *restrict v, float *restrict out, int64_t out_stride,   \
+                                            float *restrict probs, float *restrict work, int64_t T, int64_t Tp) {\
+        float *restrict k_t = work, *restrict v_t = work + DH * Tp, *restrict row = work + 2 * DH * Tp;         \
+        transpose_padded(k, k_t, T, Tp, DH);                                                                     \
+        transpose_padded(v, v_t, T, Tp, DH);                                                                     \
+        for (int64_t i = 0; i < T; i++) {                                                                        \
+            int64_t n = i + 1, width = (n + CHUNK - 1) / CHUNK * CHUNK;                                          \
+            const float *restrict qi = q + i * DH;                                                               \
+            for (int64_t c = 0; c < width; c += CHUNK) {                                                         \
+                vec16 s = {0};                                                                                   \
+                _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) s += qi[d] * load16(k_t + d * Tp + c);     \
+                store16(row + c, keep_before(s, c, n, -INFINITY));                                               \
+            }                                                                                                    \
+            softmax_padded(row, n, width);                                                                       \
+            if (probs) memcpy(probs + triangle(i), row, sizeof(float) * n);                                      \
+            vec16 acc[DH];                                                                                       \
+            _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) acc[d] = (vec16){0};                           \
+            for (int64_t c = 0; c < width; c += CHUNK) {                                                         \
+                vec16 p = load16(row + c);                                                                       \
+                _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) acc[d] += p * load16(v_t + d * Tp + c);    \
+            }                                                                                                    \
+            float *restrict oi = out + i * out_stride;                                                           \
+            _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) oi[d] = sum16(acc[d]);                         \
+        }                                                                                                        \
+    }                                                                                                            \
+                                                                                                                 \
+    static void attention_head_backward_##DH(const float *restrict d_out, int64_t d_out_stride,                 \
+                                             const float *restrict q, const float *restrict k,                  \
+                                             const float *restrict v, const float *restrict probs,              \
+                                             float *restrict dq, float *restrict dk, float *restrict dv,        \
+                                             float *restrict work, int64_t T, int64_t Tp) {                     \
+        float *restrict k_t = work, *restrict v_t = work + DH * Tp, *restrict dk_t = work + 2 * DH * Tp,        \
+              *restrict dv_t = work + 3 * DH * Tp, *restrict dp = work + 4 * DH * Tp;                           \
+        transpose_padded(k, k_t, T, Tp, DH);                                                                     \
+        transpose_padded(v, v_t, T, Tp, DH);                                                                     \
+        memset(dk_t, 0, sizeof(float) * 2 * DH * Tp); /* dk_t and dv_t */                                       \
+        for (int64_t i = 0; i < T; i++) {                                                                        \
+            int64_t n = i + 1, width = (n + CHUNK - 1) / CHUNK * CHUNK;                                          \
+            const float *restrict g = d_out + i * d_out_stride, *restrict qi = q + i * DH;                       \
+            const float *restrict p_row = probs + triangle(i); /* read to width: CHUNK floats of slack at the end */\
+            vec16 dot = {0};                                                                                     \
+            for (int64_t c = 0; c < width; c += CHUNK) {                                                         \
+                vec16 s = {0};                                                                                   \
+                _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) s += g[d] * load16(v_t + d * Tp + c);      \
+                store16(dp + c, s);                                                                              \
+                dot += s * keep_before(load16(p_row + c), c, n, 0.0f);                                           \
+            }                                                                                                    \
+            float D = sum16(dot);                                                                                \
+            vec16 acc[DH];                                                                                       \
+            _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) acc[d] = (vec16){0};                           \
+            for (int64_t c = 0; c < width; c += CHUNK) {                                                         \
+                vec16 p = keep_before(load16(p_row + c), c, n, 0.0f), ds = p * (load16(dp + c) - D);             \
+                _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) {                                          \
+                    acc[d] += ds * load16(k_t + d * Tp + c);                                                     \
+                    store16(dk_t + d * Tp + c, load16(dk_t + d * Tp + c) + ds * qi[d]);                          \
+                    store16(dv_t + d * Tp + c, load16(dv_t + d * Tp + c) + p * g[d]);                            \
+                }                                                                                                \
+            }                                                                                                    \
+            _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) dq[i * DH + d] = sum16(acc[d]);                \
+        }                                                                                                        \
+        for (int64_t j = 0; j < T; j++)                                                                          \
+            for (int d = 0; d < DH; d++) {                                                                       \
+                dk[j * DH + d] = dk_t[d * Tp + j];                                                               \
+                dv[j * DH + d] = dv_t[d * Tp + j];                                                               \
+            }                                                                                                    \
+    }
+
+ATTENTION_FIXED(8)
+ATTENTION_FIXED(12)
+ATTENTION_FIXED(16)
+
+/* 1 when causal_attention_forward/backward have a kernel for this head dim */
+int causal_attention_supports(int64_t Dh) { return Dh == 8 || Dh == 12 || Dh == 16; }
+
+static inline int64_t padded(int64_t T) { return (T + CHUNK - 1) / CHUNK * CHUNK; }
+
+void causal_attention_forward(const float *restrict q, const float *restrict k, const float *restrict v,
+                              float *restrict out, float *restrict probs, int64_t B, int64_t H, int64_t T,
+                              int64_t Dh, int threads) {
+    int64_t Tp = padded(T);
+#pragma omp parallel num_threads(threads) if (B * H > 1 && B * H * triangle(T) * Dh >= PARALLEL_MIN)
+    {
+        float *work = malloc(sizeof(float) * (2 * Dh + 1) * Tp);
+#pragma omp for schedule(static)
+        for (int64_t n = 0; n < B * H; n++) {
+            int64_t b = n / H, h = n % H, head = n * T * Dh;
+            float *o = out + (b * T * H + h) * Dh, *p = probs ? probs + n * triangle(T) : NULL;
+            if (Dh == 8) attention_head_forward_8(q + head, k + head, v + head, o, H * Dh, p, work, T, Tp);
+            if (Dh == 12) attention_head_forward_12(q + head, k + head, v + head, o, H * Dh, p, work, T, Tp);
+            if (Dh == 16) attention_head_forward_16(q + head, k + head, v + head, o, H * Dh, p, work, T, Tp);
+        }
+        free(work);
+    }
+}
+
+void causal_attention_backward(const float *restrict d_out, const float *restrict q, const float *restrict k,
+                               const float *restrict v, const float *restrict probs, float *restrict dq,
+                               float *restrict dk, float *restrict dv, int64_t B, int64_t H, int64_t T, int64_t Dh,
+                               int threads) {
+    int64_t Tp = padded(T);
+#pragma omp parallel num_threads(threads) if (B * H > 1 && B * H * triangle(T) * Dh >= PARALLEL_MIN)
+    {
+        float *work = malloc(sizeof(float) * (4 * Dh + 1) * Tp);
+#pragma omp for schedule(static)
+        for (int64_t n = 0; n < B * H; n++) {
+            int64_t b = n / H, h = n % H, head = n * T * Dh;
+            const float *g = d_out + (b * T * H + h) * Dh, *p = probs + n * triangle(T);
+            if (Dh == 8)
+                attention_head_backward_8(g, H * Dh, q + head, k + head, v + head, p, dq + head, dk + head,
+                                          dv + head, work, T, Tp);
+            if (Dh == 12)
+                attention_head_backward_12(g, H * Dh, q + head, k + head, v + head, p, dq + head, dk + head,
+                                           dv + head, work, T, Tp);
+            if (Dh == 16)
+                attention_head_backward_16(g, H * Dh, q + head, k + head, v + head, p, dq + head, dk + head,
+                                           dv + head, work, T, Tp);
+        }
+        free(work);
+    }
 }

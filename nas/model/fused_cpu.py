@@ -5,7 +5,9 @@ causal softmax) is bound by memory bandwidth and per-op overhead. PyTorch's eage
 passes over memory for each of these and its CPU build has no fused kernels for them;
 ``torch.compile`` fuses them but costs more time per model shape than a proxy trial lasts. These
 kernels make one pass each (per-kernel and per-step timings: benchmarks/RESULTS.md, "Design measurements";
-``benchmarks/`` figure 4 has the efficiency this gives).
+``benchmarks/`` figure 4 has the efficiency this gives). The causal attention itself, at head dims 8, 12 and 16, is
+one call forward and one backward (``causal_attention_forward``/``_backward``): there the batched matmuls it replaces
+have an inner dimension of 8-16, which a GEMM library runs far below its peak.
 
 How: ``cc -O3 -march=native -fopenmp -fno-math-errno -fno-trapping-math -shared`` builds
 ``fused_cpu.c`` (plain C99, no PyTorch headers: well under a second) into
@@ -42,6 +44,7 @@ SOURCE = Path(__file__).with_name("fused_cpu.c")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared")
 ENV_SWITCH = "NAS_FUSED_CPU"  # "0" disables the kernels (PyTorch ops instead)
 BUILD_TIMEOUT_S = 120
+ATTENTION_SLACK = 16  # floats past the last head's probabilities: the backward reads each row in 16-key vectors
 
 _P, _I64, _INT, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 _SIGNATURES = {
@@ -54,6 +57,8 @@ _SIGNATURES = {
     "rope_qkv_grouped_forward": [_P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _I64, _F32, _INT],
     "rope_qkv_grouped_backward": [_P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _I64, _F32, _INT],
     "causal_softmax_": [_P, _I64, _I64, _I64, _INT],
+    "causal_attention_forward": [_P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _INT],
+    "causal_attention_backward": [_P, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _INT],
 }
 
 _lock = threading.Lock()
@@ -262,3 +267,25 @@ def causal_softmax_(scores: torch.Tensor, r0: int) -> torch.Tensor:
     assert width == r0 + Tb, (scores.shape, r0)
     library().causal_softmax_(_ptr(scores), N, Tb, r0, torch.get_num_threads())
     return scores
+
+
+def causal_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             keep_probs: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(output (B, T, H, Dh), the lower triangles of P (B H T (T + 1) / 2,) if ``keep_probs``) of causal attention
+    ``softmax(q k^T + mask) v`` from contiguous q (already times 1/sqrt(Dh)), k, v (B, H, T, Dh)."""
+    B, H, T, Dh = q.shape
+    out = q.new_empty(B, T, H, Dh)
+    probs = q.new_empty(B * H * T * (T + 1) // 2 + ATTENTION_SLACK) if keep_probs else None
+    library().causal_attention_forward(_ptr(q), _ptr(k), _ptr(v), _ptr(out), _ptr(probs) if keep_probs else None,
+                                       B, H, T, Dh, torch.get_num_threads())
+    return out, probs
+
+
+def causal_attention_backward(d_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                              probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) (B, H, T, Dh) of ``causal_attention_forward`` given the contiguous (B, T, H, Dh) ``d_out``."""
+    B, H, T, Dh = q.shape
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    library().causal_attention_backward(_ptr(d_out), _ptr(q), _ptr(k), _ptr(v), _ptr(probs), _ptr(dq), _ptr(dk),
+                                        _ptr(dv), B, H, T, Dh, torch.get_num_threads())
+    return dq, dk, dv

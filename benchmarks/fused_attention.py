@@ -1,0 +1,149 @@
+"""FusedCausalAttention against BlockedCausalAttention: the kernels alone and whole proxy training steps.
+
+``python -m benchmarks.fused_attention`` (``--smoke``: one round of small shapes) measures, as same-run ratios
+(``benchmarks.harness.sandwich``: blocked, fused, blocked, ...; ratio = blocked time / fused time, median over
+rounds):
+
+- *kernels*: one attention layer's forward + backward at the default proxy's batch (B 4, T 128) and width (96
+  channels: H = 96 / Dh heads), every head dim with a fused kernel and one without (24: the blocked path, for
+  scale), at 1 thread (a search's worker) and at every core (``nas train``);
+- *steps*: a full proxy training step (forward, backward, clip, fused AdamW) of three ``cpu``-preset shapes, the
+  uniform baseline (12 heads: head dim 8 everywhere) and two Prism staircases, at 1 thread, with
+  ``FUSED_ATTENTION_HEAD_DIMS`` emptied for the reference (every other kernel the same).
+
+Writes ``benchmarks/data/fused_attention.json`` with the machine and its fp32 matmul peak beside the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+OUT = Path(__file__).parent / "data" / "fused_attention.json"
+KERNEL_HEAD_DIMS = (8, 12, 16, 24)
+STEP_SHAPES = {"uniform 12 heads": (12,) * 12, "staircase 1-12": (1, 1, 2, 2, 4, 4, 6, 6, 8, 8, 12, 12),
+               "staircase 4-12": (4, 4, 4, 6, 6, 6, 8, 8, 8, 12, 12, 12)}
+
+
+@contextlib.contextmanager
+def blocked_only() -> Iterator[None]:
+    """Within the block every multi-head layer takes BlockedCausalAttention (no fused attention kernel)."""
+    from nas.model import attention_kernels
+
+    kept = attention_kernels.FUSED_ATTENTION_HEAD_DIMS
+    attention_kernels.FUSED_ATTENTION_HEAD_DIMS = ()
+    try:
+        yield
+    finally:
+        attention_kernels.FUSED_ATTENTION_HEAD_DIMS = kept
+
+
+def attention_layer(batch: int, seq_len: int, width: int, head_dim: int, fused: bool) -> Callable[[], None]:
+    """One layer's attention, forward and backward, as the model calls it (q already scaled, output (B, T, H, Dh))."""
+    import torch
+
+    from nas.model.attention_kernels import BlockedCausalAttention, FusedCausalAttention
+
+    heads = width // head_dim
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(batch, heads, seq_len, head_dim, requires_grad=True) for _ in range(3))
+    d_out = torch.randn(batch, seq_len, heads, head_dim)
+    flat = (batch * heads, seq_len, head_dim)
+
+    def run() -> None:
+        if fused:
+            out = FusedCausalAttention.apply(q, k, v)
+        else:
+            out = BlockedCausalAttention.apply(q.view(flat), k.view(flat), v.view(flat))
+            out = out.unflatten(0, (batch, heads)).transpose(1, 2)
+        out.backward(d_out)
+
+    return run
+
+
+def repeated(step: Callable[[], None], times: int) -> Callable[[], None]:
+    def run() -> None:
+        for _ in range(times):
+            step()
+
+    return run
+
+
+def under_blocked_only(step: Callable[[], None]) -> Callable[[], None]:
+    def run() -> None:
+        with blocked_only():
+            step()
+
+    return run
+
+
+def measure(smoke: bool) -> dict[str, Any]:
+    import torch
+
+    from benchmarks.harness import ours_loss, random_batch, sandwich, training_step
+    from nas.arch import uniform
+    from nas.model.attention_kernels import FUSED_ATTENTION_HEAD_DIMS
+    from nas.model.transformer import Transformer
+    from runners.device import available_cores
+    from runners.peak import measure_matmul_peak
+
+    rounds = 1 if smoke else 7
+    batch, seq_len, width = (2, 32, 96) if smoke else (4, 128, 96)
+    kernels = []
+    for threads in sorted({1, available_cores()}):
+        torch.set_num_threads(threads)
+        for head_dim in KERNEL_HEAD_DIMS if not smoke else (8, 24):
+            reference = repeated(attention_layer(batch, seq_len, width, head_dim, fused=False), 10)
+            if head_dim not in FUSED_ATTENTION_HEAD_DIMS:
+                kernels.append({"threads": threads, "head dim": head_dim, "ratio": None, "note": "no fused kernel"})
+                continue
+            contender = repeated(attention_layer(batch, seq_len, width, head_dim, fused=True), 10)
+            r = sandwich(reference, {"fused": contender}, rounds)["fused"]
+            kernels.append({"threads": threads, "head dim": head_dim, "blocked ms": r.ref_seconds * 100,
+                            "fused ms": r.seconds * 100, "ratio": r.median, "IQR": r.spread()})
+    torch.set_num_threads(1)
+    steps = []
+    layers = 2 if smoke else 12
+    x_y = random_batch(256, batch, seq_len, "cpu")
+    for name, heads in STEP_SHAPES.items():
+        arch = uniform(layers, width, 12, 256).replace(heads=list(heads[-layers:]))
+        torch.manual_seed(0)
+        step = training_step(Transformer(arch), ours_loss, x_y, "cpu", "fp32", 3)
+        r = sandwich(under_blocked_only(step), {"fused": step}, rounds)["fused"]
+        tokens = 3 * batch * seq_len
+        steps.append({"shape": name, "heads": list(arch.heads), "blocked tokens/s": tokens / r.ref_seconds,
+                      "fused tokens/s": tokens / r.seconds, "ratio": r.median, "IQR": r.spread()})
+    torch.set_num_threads(available_cores())
+    return {"kernels": kernels, "steps": steps,
+            "peak_gflops": measure_matmul_peak(torch.device("cpu")) / 1e9, "smoke": smoke}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.fused_attention", description=__doc__.split("\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="one round of small shapes (proves it runs)")
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args(argv)
+    from benchmarks.harness import machine_info
+
+    result = measure(args.smoke)
+    result["machine"] = machine_info(os.cpu_count() or 1, "cpu")
+    for row in result["kernels"]:
+        shown = "no fused kernel" if row["ratio"] is None else \
+            f"blocked {row['blocked ms']:.2f} ms, fused {row['fused ms']:.2f} ms: {row['ratio']:.2f}x ({row['IQR']})"
+        print(f"kernel  {row['threads']} thread(s), head dim {row['head dim']:>2}: {shown}")
+    for row in result["steps"]:
+        print(f"step    {row['shape']}: {row['blocked tokens/s']:,.0f} -> {row['fused tokens/s']:,.0f} tokens/s, "
+              f"{row['ratio']:.2f}x ({row['IQR']})")
+    print(f"fp32 matmul peak {result['peak_gflops']:.0f} GFLOP/s (every core)")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
