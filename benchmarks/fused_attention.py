@@ -6,7 +6,8 @@ rounds):
 
 - *kernels*: one attention layer's forward + backward at the default proxy's batch (B 4, T 128) and width (96
   channels: H = 96 / Dh heads), every head dim with a fused kernel and one without (24: the blocked path, for
-  scale), at 1 thread (a search's worker) and at every core (``nas train``);
+  scale), at 1 thread (a search's worker) and at every core (``nas train``); and grouped-query attention at head
+  dim 8 (4 query heads a key/value head) against ``GroupedBlockedCausalAttention``;
 - *steps*: a full proxy training step (forward, backward, clip, fused AdamW) of three ``cpu``-preset shapes, the
   uniform baseline (12 heads: head dim 8 everywhere) and two Prism staircases, at 1 thread, with
   ``FUSED_ATTENTION_HEAD_DIMS`` emptied for the reference (every other kernel the same).
@@ -25,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 OUT = Path(__file__).parent / "data" / "fused_attention.json"
-KERNEL_HEAD_DIMS = (8, 12, 16, 24)
+# (head dim, query heads per key/value head): multi-head at each head dim, grouped-query (4 per key/value head) at 8
+KERNELS = ((8, 1), (12, 1), (16, 1), (24, 1), (8, 4))
 STEP_SHAPES = {"uniform 12 heads": (12,) * 12, "staircase 1-12": (1, 1, 2, 2, 4, 4, 6, 6, 8, 8, 12, 12),
                "staircase 4-12": (4, 4, 4, 6, 6, 6, 8, 8, 8, 12, 12, 12)}
 
@@ -43,25 +45,34 @@ def blocked_only() -> Iterator[None]:
         attention_kernels.FUSED_ATTENTION_HEAD_DIMS = kept
 
 
-def attention_layer(batch: int, seq_len: int, width: int, head_dim: int, fused: bool) -> Callable[[], None]:
-    """One layer's attention, forward and backward, as the model calls it (q already scaled, output (B, T, H, Dh))."""
+def attention_layer(batch: int, seq_len: int, width: int, head_dim: int, fused: bool,
+                    group: int = 1) -> Callable[[], None]:
+    """One layer's attention, forward and backward, as the model calls it (q already scaled, output (B, T, H, Dh));
+    ``group`` > 1: grouped-query, H / group key/value heads, against ``GroupedBlockedCausalAttention``."""
     import torch
 
-    from nas.model.attention_kernels import BlockedCausalAttention, FusedCausalAttention
+    from nas.model.attention_kernels import BlockedCausalAttention, FusedCausalAttention, GroupedBlockedCausalAttention
 
     heads = width // head_dim
+    kv = heads // group
     torch.manual_seed(0)
-    q, k, v = (torch.randn(batch, heads, seq_len, head_dim, requires_grad=True) for _ in range(3))
+    q = torch.randn(batch, heads, seq_len, head_dim, requires_grad=True)
+    k, v = (torch.randn(batch, kv, seq_len, head_dim, requires_grad=True) for _ in range(2))
     d_out = torch.randn(batch, seq_len, heads, head_dim)
-    flat = (batch * heads, seq_len, head_dim)
 
     def run() -> None:
         if fused:
             out = FusedCausalAttention.apply(q, k, v)
+        elif group > 1:  # as nas.model.transformer.Attention calls it
+            flat = (batch * kv, seq_len, head_dim)
+            out = GroupedBlockedCausalAttention.apply(q.view(batch * kv, group, seq_len, head_dim), k.view(flat),
+                                                      v.view(flat))
+            out = out.unflatten(0, (batch, kv)).permute(0, 3, 1, 2, 4)
         else:
+            flat = (batch * heads, seq_len, head_dim)
             out = BlockedCausalAttention.apply(q.view(flat), k.view(flat), v.view(flat))
             out = out.unflatten(0, (batch, heads)).transpose(1, 2)
-        out.backward(d_out)
+        out.backward(d_out.view_as(out))
 
     return run
 
@@ -97,15 +108,16 @@ def measure(smoke: bool) -> dict[str, Any]:
     kernels = []
     for threads in sorted({1, available_cores()}):
         torch.set_num_threads(threads)
-        for head_dim in KERNEL_HEAD_DIMS if not smoke else (8, 24):
-            reference = repeated(attention_layer(batch, seq_len, width, head_dim, fused=False), 10)
+        for head_dim, group in KERNELS if not smoke else ((8, 1), (8, 4), (24, 1)):
+            reference = repeated(attention_layer(batch, seq_len, width, head_dim, False, group), 10)
+            row = {"threads": threads, "head dim": head_dim, "group": group}
             if head_dim not in FUSED_ATTENTION_HEAD_DIMS:
-                kernels.append({"threads": threads, "head dim": head_dim, "ratio": None, "note": "no fused kernel"})
+                kernels.append({**row, "ratio": None, "note": "no fused kernel"})
                 continue
-            contender = repeated(attention_layer(batch, seq_len, width, head_dim, fused=True), 10)
+            contender = repeated(attention_layer(batch, seq_len, width, head_dim, True, group), 10)
             r = sandwich(reference, {"fused": contender}, rounds)["fused"]
-            kernels.append({"threads": threads, "head dim": head_dim, "blocked ms": r.ref_seconds * 100,
-                            "fused ms": r.seconds * 100, "ratio": r.median, "IQR": r.spread()})
+            kernels.append({**row, "blocked ms": r.ref_seconds * 100, "fused ms": r.seconds * 100, "ratio": r.median,
+                            "IQR": r.spread()})
     torch.set_num_threads(1)
     steps = []
     layers = 2 if smoke else 12
@@ -135,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     for row in result["kernels"]:
         shown = "no fused kernel" if row["ratio"] is None else \
             f"blocked {row['blocked ms']:.2f} ms, fused {row['fused ms']:.2f} ms: {row['ratio']:.2f}x ({row['IQR']})"
-        print(f"kernel  {row['threads']} thread(s), head dim {row['head dim']:>2}: {shown}")
+        grouped = f", {row['group']} query heads a key/value head" if row["group"] > 1 else ""
+        print(f"kernel  {row['threads']} thread(s), head dim {row['head dim']:>2}{grouped}: {shown}")
     for row in result["steps"]:
         print(f"step    {row['shape']}: {row['blocked tokens/s']:,.0f} -> {row['fused tokens/s']:,.0f} tokens/s, "
               f"{row['ratio']:.2f}x ({row['IQR']})")

@@ -88,22 +88,29 @@ def test_causal_softmax_matches_a_masked_softmax(heads, block, r0, threads) -> N
 
 
 def _reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """softmax(q k^T + causal mask) v in float64, as (B, T, H, Dh)."""
-    T = q.shape[2]
+    """softmax(q k^T + causal mask) v in float64, as (B, T, H, Dh); k, v repeated as HF's ``repeat_kv`` does."""
+    T, group = q.shape[2], q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     scores = (q @ k.transpose(-1, -2)).masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
     return (scores.softmax(-1) @ v).transpose(1, 2)
 
 
-@pytest.mark.parametrize("batch,heads,seq,head_dim", [(1, 1, 1, 8), (2, 3, 5, 8), (1, 2, 16, 12), (2, 2, 17, 16),
-                                                      (4, 12, 128, 8), (1, 6, 200, 16), (3, 8, 37, 12)])
-def test_fused_attention_matches_float64_attention_and_its_gradients(batch, heads, seq, head_dim, threads) -> None:
-    """FusedCausalAttention at every head dim it has a kernel for, contexts on and off its 16-key chunks, one key
-    (T = 1) and more heads than threads; forward alone (evaluation) gives the training forward's output."""
+@pytest.mark.parametrize("batch,heads,kv,seq,head_dim", [
+    (1, 1, 1, 1, 8), (2, 3, 3, 5, 8), (1, 2, 2, 16, 12), (2, 2, 2, 17, 16), (4, 12, 12, 128, 8), (1, 6, 6, 200, 16),
+    (3, 8, 8, 37, 12),
+    # grouped-query: 12 query heads on 4 and on 1 key/value heads, 6 on 2 at head dim 16
+    (2, 12, 4, 40, 8), (3, 12, 1, 33, 8), (1, 6, 2, 50, 16)])
+def test_fused_attention_matches_float64_attention_and_its_gradients(batch, heads, kv, seq, head_dim,
+                                                                     threads) -> None:
+    """FusedCausalAttention at every head dim it has a kernel for, multi-head and grouped, contexts on and off its
+    16-key chunks, one key (T = 1) and more heads than threads; forward alone (evaluation) gives the training
+    forward's output."""
     from nas.model.attention_kernels import FusedCausalAttention
     from nas.model.kernels import apply_function
 
     torch.manual_seed(5)
-    q64, k64, v64 = (torch.randn(batch, heads, seq, head_dim, dtype=torch.float64) for _ in range(3))
+    q64 = torch.randn(batch, heads, seq, head_dim, dtype=torch.float64)
+    k64, v64 = (torch.randn(batch, kv, seq, head_dim, dtype=torch.float64) for _ in range(2))
     q, k, v = (t.float().requires_grad_() for t in (q64, k64, v64))
     out = FusedCausalAttention.apply(q, k, v)  # (B, T, H, Dh)
     expected = _reference_attention(*(t.requires_grad_() for t in (q64, k64, v64)))
@@ -117,8 +124,15 @@ def test_fused_attention_matches_float64_attention_and_its_gradients(batch, head
         torch.testing.assert_close(apply_function(FusedCausalAttention, q, k, v), out.detach(), rtol=0, atol=0)
 
 
+def test_fused_attention_refuses_a_head_dim_without_a_kernel() -> None:
+    """The C side computes nothing for an unsupported head dim: the wrapper refuses rather than return garbage."""
+    q = torch.zeros(1, 2, 4, 24)
+    with pytest.raises(ValueError, match="no fused attention"):
+        fused_cpu.causal_attention_forward(q, q, q, keep_probs=False)
+
+
 def test_the_model_takes_fused_attention_where_it_has_a_kernel() -> None:
-    """Head dims 8, 12, 16 in fp32 on CPU take FusedCausalAttention; 24, grouped layers and autocast do not."""
+    """Head dims 8, 12, 16 in fp32 on CPU take FusedCausalAttention, grouped or not; 24, fp64 and autocast do not."""
     from nas.model.attention_kernels import use_fused_attention
 
     for head_dim, taken in ((8, True), (12, True), (16, True), (24, False)):
@@ -126,7 +140,8 @@ def test_the_model_takes_fused_attention_where_it_has_a_kernel() -> None:
     assert not use_fused_attention(torch.zeros(2, 3, 64, 8, dtype=torch.float64))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert not use_fused_attention(torch.zeros(2, 3, 64, 8))
-    arch = ArchConfig(n_layers=2, d_model=96, heads=(12, 4), ffn=FFNShape(1, 64), vocab_size=50)
+    arch = ArchConfig(n_layers=3, d_model=96, heads=(12, 4, 12), ffn=FFNShape(1, 64), vocab_size=50,
+                      kv_heads=(12, 4, 3))
     model = Transformer(arch)
     loss = model(torch.randint(0, 50, (2, 20)), torch.randint(0, 50, (2, 20)))
     nodes, stack = set(), [loss.grad_fn]
@@ -136,7 +151,8 @@ def test_the_model_takes_fused_attention_where_it_has_a_kernel() -> None:
             nodes.add(node)
             stack.extend(next_node for next_node, _ in node.next_functions)
     names = {type(node).__name__ for node in nodes}
-    assert {"FusedCausalAttentionBackward", "BlockedCausalAttentionBackward"} <= names  # layer 0 and layer 1
+    assert {"FusedCausalAttentionBackward", "BlockedCausalAttentionBackward"} <= names  # layers 0 and 2; layer 1
+    assert "GroupedBlockedCausalAttentionBackward" not in names  # layer 2 (grouped, head dim 8) is fused too
 
 
 def test_model_gives_the_same_loss_and_gradients_with_and_without_the_kernels() -> None:

@@ -88,11 +88,14 @@ def test_logits_match_hf_llama_with_the_same_weights(arch: ArchConfig) -> None:
     (uniform(2, 64, 2, 256, FFNShape(1, 2048)), 200, True),  # head dim 32, 3 query blocks, GatedUpProjection
     (uniform(1, 32, 4, 256, FFNShape(1, 64)), 24, True),  # a single block shorter than QUERY_BLOCK
     (uniform(1, 32, 1, 256, FFNShape(1, 64)), 600, False),  # beyond BLOCKED_ATTENTION_MAX_T: SDPA
-    # grouped-query attention: 12 query heads on 4 key/value heads (the grouped blocked kernel), 4 on 1 (SDPA)
+    # grouped-query attention: 12 query heads on 4 key/value heads (fused, then the grouped blocked kernel), 4 on 1
+    # (SDPA)
     (uniform(2, 96, 12, 256, FFNShape(1, 256)).replace(kv_heads=[4, 4]), 128, True),
+    (uniform(2, 96, 12, 256, FFNShape(1, 256)).replace(kv_heads=[4, 4]), 128, "blocked"),
     (uniform(1, 32, 4, 256, FFNShape(1, 64)).replace(kv_heads=[1]), 600, False),
 ], ids=["dh8-T128", "dh12-T100", "dh8-T128-blocked", "dh12-T100-blocked",
-        "dh32-T200", "dh8-T24", "sdpa-T600", "gqa-dh8-T128", "mqa-sdpa-T600"])
+        "dh32-T200", "dh8-T24", "sdpa-T600", "gqa-dh8-T128", "gqa-dh8-T128-blocked",
+        "mqa-sdpa-T600"])
 def test_cpu_attention_paths_match_hf_in_logits_and_gradients(arch: ArchConfig, T: int, blocked: bool | str,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """CPU training through FusedCausalAttention or BlockedCausalAttention (own forward and backward) or SDPA

@@ -229,9 +229,10 @@ class GroupedBlockedCausalAttention(torch.autograd.Function):
 
 class FusedCausalAttention(torch.autograd.Function):
     """Exact causal attention, forward and backward, as one C kernel call each (``fused_cpu.c``,
-    ``causal_attention_forward``): CPU, fp32, multi-head (not grouped) layers up to ``FUSED_ATTENTION_MAX_HEAD_DIM``.
+    ``causal_attention_forward``): CPU, fp32, head dims in ``FUSED_ATTENTION_HEAD_DIMS``, multi-head or grouped.
 
-    Input q (already times 1/sqrt(Dh)), k, v (B, H, T, Dh) contiguous; output (B, T, H, Dh), the layout the output
+    Input q (already times 1/sqrt(Dh)) (B, H, T, Dh), k, v (B, KV, T, Dh) contiguous, query head h reading key/value
+    head h // (H / KV) (HF's ``repeat_kv`` order; KV = H is multi-head); output (B, T, H, Dh), the layout the output
     projection reads, so no copy follows. ``P = softmax(q k^T + causal mask)`` is computed for keys ``j <= i`` only
     and its lower triangle kept for the backward (``N T (T + 1) / 2`` floats, N = B H); the backward is
     ``dS = P (dO V^T - rowsum(P * dO V^T))``, ``dQ = dS K``, ``dK = dS^T Q``, ``dV = P^T dO``. At head dims of 8 to 16

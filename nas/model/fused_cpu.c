@@ -271,8 +271,12 @@ void causal_softmax_(float *restrict p, int64_t N, int64_t Tb, int64_t r0, int t
  * Dh = 8 this replaces batched matmuls whose inner dimension is 8 (where a GEMM library spends most
  * of its time packing), the separate softmax passes over scores too large for the cache, and the
  * layout copies. The head dim is a compile-time constant (8, 12 or 16: one copy each).
- * Layouts: q, k, v, dq, dk, dv (B, H, T, Dh); out, d_out (B, T, H, Dh) (the output projection's input
- * as it is); probs, when not NULL, the lower triangles of P, head n's row i at n T(T+1)/2 + i(i+1)/2. */
+ * Grouped-query attention (KV < H key/value heads, query head h reading key/value head h / (H / KV), HF's
+ * repeat_kv order) is the same loop: a key/value head is transposed once for its H / KV query heads, and
+ * the backward runs a group's query heads in turn on one thread, accumulating its dK, dV without races.
+ * Layouts: q, dq (B, H, T, Dh); k, v, dk, dv (B, KV, T, Dh); out, d_out (B, T, H, Dh) (the output
+ * projection's input as it is); probs, when not NULL, the lower triangles of P, query head n = b H + h's
+ * row i at n T(T+1)/2 + i(i+1)/2. */
 #define CHUNK 16
 typedef float vec16 __attribute__((vector_size(CHUNK * sizeof(float))));
 
@@ -303,12 +307,6 @@ static inline vec16 keep_before(vec16 x, int64_t c, int64_t n, float fill) {
 }
 static inline int64_t triangle(int64_t i) { return i * (i + 1) / 2; }
 
-static void transpose_padded(const float *restrict x, float *restrict x_t, int64_t T, int64_t Tp, int64_t Dh) {
-    for (int64_t d = 0; d < Dh; d++) {
-        for (int64_t j = 0; j < T; j++) x_t[d * Tp + j] = x[j * Dh + d];
-        for (int64_t j = T; j < Tp; j++) x_t[d * Tp + j] = 0.0f;
-    }
-}
 
 /* softmax of row[0, n) in place, row[n, width) set to 0; width a multiple of CHUNK, row[n, width) = -inf on entry
  * (exp_f of it is ~1e-38, not 0: zeroed at the end; its share of the sum is far below float rounding) */
@@ -330,13 +328,12 @@ static inline void softmax_padded(float *restrict row, int64_t n, int64_t width)
     store16(row + width - CHUNK, keep_before(load16(row + width - CHUNK) * inv, width - CHUNK, n, 0.0f));
 }
 
+#define DBLOCK(DH) ((DH) > 8 ? (DH) / 2 : (DH)) /* the backward's channel block: 8, 6 (DH 12), 8 (DH 16) */
 #define ATTENTION_FIXED(DH)                                                                                      \
-    static void attention_head_forward_##DH(const float *restrict q, const float *restrict k,                   \
-                                            const float *restrict v, float *restrict out, int64_t out_stride,   \
-                                            float *restrict probs, float *restrict work, int64_t T, int64_t Tp) {\
-        float *restrict k_t = work, *restrict v_t = work + DH * Tp, *restrict row = work + 2 * DH * Tp;         \
-        transpose_padded(k, k_t, T, Tp, DH);                                                                     \
-        transpose_padded(v, v_t, T, Tp, DH);                                                                     \
+    /* one query head: k_t, v_t its key/value head transposed (DH, Tp); row: Tp floats */                      \
+    static void attention_head_forward_##DH(const float *restrict q, const float *restrict k_t,                 \
+                                            const float *restrict v_t, float *restrict out, int64_t out_stride, \
+                                            float *restrict probs, float *restrict row, int64_t T, int64_t Tp) {\
         for (int64_t i = 0; i < T; i++) {                                                                        \
             int64_t n = i + 1, width = (n + CHUNK - 1) / CHUNK * CHUNK;                                          \
             const float *restrict qi = q + i * DH;                                                               \
@@ -358,16 +355,12 @@ static inline void softmax_padded(float *restrict row, int64_t n, int64_t width)
         }                                                                                                        \
     }                                                                                                            \
                                                                                                                  \
+    /* one query head: writes its dq, adds its share of dK, dV to dk_t, dv_t (DH, Tp); dp: Tp floats */         \
     static void attention_head_backward_##DH(const float *restrict d_out, int64_t d_out_stride,                 \
-                                             const float *restrict q, const float *restrict k,                  \
-                                             const float *restrict v, const float *restrict probs,              \
-                                             float *restrict dq, float *restrict dk, float *restrict dv,        \
-                                             float *restrict work, int64_t T, int64_t Tp) {                     \
-        float *restrict k_t = work, *restrict v_t = work + DH * Tp, *restrict dk_t = work + 2 * DH * Tp,        \
-              *restrict dv_t = work + 3 * DH * Tp, *restrict dp = work + 4 * DH * Tp;                           \
-        transpose_padded(k, k_t, T, Tp, DH);                                                                     \
-        transpose_padded(v, v_t, T, Tp, DH);                                                                     \
-        memset(dk_t, 0, sizeof(float) * 2 * DH * Tp); /* dk_t and dv_t */                                       \
+                                             const float *restrict q, const float *restrict k_t,                \
+                                             const float *restrict v_t, const float *restrict probs,            \
+                                             float *restrict dq, float *restrict dk_t, float *restrict dv_t,    \
+                                             float *restrict dp, int64_t T, int64_t Tp) {                       \
         for (int64_t i = 0; i < T; i++) {                                                                        \
             int64_t n = i + 1, width = (n + CHUNK - 1) / CHUNK * CHUNK;                                          \
             const float *restrict g = d_out + i * d_out_stride, *restrict qi = q + i * DH;                       \
@@ -380,23 +373,23 @@ static inline void softmax_padded(float *restrict row, int64_t n, int64_t width)
                 dot += s * keep_before(load16(p_row + c), c, n, 0.0f);                                           \
             }                                                                                                    \
             float D = sum16(dot);                                                                                \
-            vec16 acc[DH];                                                                                       \
-            _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) acc[d] = (vec16){0};                           \
-            for (int64_t c = 0; c < width; c += CHUNK) {                                                         \
-                vec16 p = keep_before(load16(p_row + c), c, n, 0.0f), ds = p * (load16(dp + c) - D);             \
-                _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) {                                          \
-                    acc[d] += ds * load16(k_t + d * Tp + c);                                                     \
-                    store16(dk_t + d * Tp + c, load16(dk_t + d * Tp + c) + ds * qi[d]);                          \
-                    store16(dv_t + d * Tp + c, load16(dv_t + d * Tp + c) + p * g[d]);                            \
+            /* channels in blocks of at most 8, so a block's dq sums and broadcasts stay in registers */         \
+            for (int d0 = 0; d0 < DH; d0 += DBLOCK(DH)) {                                                        \
+                vec16 acc[DBLOCK(DH)];                                                                           \
+                _Pragma("GCC unroll 8") for (int d = 0; d < DBLOCK(DH); d++) acc[d] = (vec16){0};                \
+                for (int64_t c = 0; c < width; c += CHUNK) {                                                     \
+                    vec16 p = keep_before(load16(p_row + c), c, n, 0.0f), ds = p * (load16(dp + c) - D);         \
+                    _Pragma("GCC unroll 8") for (int d = 0; d < DBLOCK(DH); d++) {                               \
+                        int64_t at = (d0 + d) * Tp + c;                                                          \
+                        acc[d] += ds * load16(k_t + at);                                                         \
+                        store16(dk_t + at, load16(dk_t + at) + ds * qi[d0 + d]);                                 \
+                        store16(dv_t + at, load16(dv_t + at) + p * g[d0 + d]);                                   \
+                    }                                                                                            \
                 }                                                                                                \
+                _Pragma("GCC unroll 8")                                                                          \
+                for (int d = 0; d < DBLOCK(DH); d++) dq[i * DH + d0 + d] = sum16(acc[d]);                        \
             }                                                                                                    \
-            _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) dq[i * DH + d] = sum16(acc[d]);                \
         }                                                                                                        \
-        for (int64_t j = 0; j < T; j++)                                                                          \
-            for (int d = 0; d < DH; d++) {                                                                       \
-                dk[j * DH + d] = dk_t[d * Tp + j];                                                               \
-                dv[j * DH + d] = dv_t[d * Tp + j];                                                               \
-            }                                                                                                    \
     }
 
 ATTENTION_FIXED(8)
@@ -408,20 +401,36 @@ int causal_attention_supports(int64_t Dh) { return Dh == 8 || Dh == 12 || Dh == 
 
 static inline int64_t padded(int64_t T) { return (T + CHUNK - 1) / CHUNK * CHUNK; }
 
+/* the (Dh, Tp) transpose of x (T, Dh), zero past T */
+static void transpose_padded(const float *restrict x, float *restrict x_t, int64_t T, int64_t Tp, int64_t Dh) {
+    for (int64_t d = 0; d < Dh; d++) {
+        for (int64_t j = 0; j < T; j++) x_t[d * Tp + j] = x[j * Dh + d];
+        for (int64_t j = T; j < Tp; j++) x_t[d * Tp + j] = 0.0f;
+    }
+}
+
+/* parallel over (batch, key/value head): each task owns its key/value head and its H / KV query heads */
 void causal_attention_forward(const float *restrict q, const float *restrict k, const float *restrict v,
-                              float *restrict out, float *restrict probs, int64_t B, int64_t H, int64_t T,
-                              int64_t Dh, int threads) {
-    int64_t Tp = padded(T);
-#pragma omp parallel num_threads(threads) if (B * H > 1 && B * H * triangle(T) * Dh >= PARALLEL_MIN)
+                              float *restrict out, float *restrict probs, int64_t B, int64_t H, int64_t KV,
+                              int64_t T, int64_t Dh, int threads) {
+    int64_t Tp = padded(T), group = H / KV;
+#pragma omp parallel num_threads(threads) if (B * KV > 1 && B * H * triangle(T) * Dh >= PARALLEL_MIN)
     {
         float *work = malloc(sizeof(float) * (2 * Dh + 1) * Tp);
+        float *k_t = work, *v_t = work + Dh * Tp, *row = work + 2 * Dh * Tp;
 #pragma omp for schedule(static)
-        for (int64_t n = 0; n < B * H; n++) {
-            int64_t b = n / H, h = n % H, head = n * T * Dh;
-            float *o = out + (b * T * H + h) * Dh, *p = probs ? probs + n * triangle(T) : NULL;
-            if (Dh == 8) attention_head_forward_8(q + head, k + head, v + head, o, H * Dh, p, work, T, Tp);
-            if (Dh == 12) attention_head_forward_12(q + head, k + head, v + head, o, H * Dh, p, work, T, Tp);
-            if (Dh == 16) attention_head_forward_16(q + head, k + head, v + head, o, H * Dh, p, work, T, Tp);
+        for (int64_t task = 0; task < B * KV; task++) {
+            int64_t b = task / KV, kv = task % KV;
+            transpose_padded(k + task * T * Dh, k_t, T, Tp, Dh);
+            transpose_padded(v + task * T * Dh, v_t, T, Tp, Dh);
+            for (int64_t h = kv * group; h < (kv + 1) * group; h++) {
+                int64_t n = b * H + h;
+                const float *qh = q + n * T * Dh;
+                float *o = out + (b * T * H + h) * Dh, *p = probs ? probs + n * triangle(T) : NULL;
+                if (Dh == 8) attention_head_forward_8(qh, k_t, v_t, o, H * Dh, p, row, T, Tp);
+                if (Dh == 12) attention_head_forward_12(qh, k_t, v_t, o, H * Dh, p, row, T, Tp);
+                if (Dh == 16) attention_head_forward_16(qh, k_t, v_t, o, H * Dh, p, row, T, Tp);
+            }
         }
         free(work);
     }
@@ -429,25 +438,33 @@ void causal_attention_forward(const float *restrict q, const float *restrict k, 
 
 void causal_attention_backward(const float *restrict d_out, const float *restrict q, const float *restrict k,
                                const float *restrict v, const float *restrict probs, float *restrict dq,
-                               float *restrict dk, float *restrict dv, int64_t B, int64_t H, int64_t T, int64_t Dh,
-                               int threads) {
-    int64_t Tp = padded(T);
-#pragma omp parallel num_threads(threads) if (B * H > 1 && B * H * triangle(T) * Dh >= PARALLEL_MIN)
+                               float *restrict dk, float *restrict dv, int64_t B, int64_t H, int64_t KV, int64_t T,
+                               int64_t Dh, int threads) {
+    int64_t Tp = padded(T), group = H / KV;
+#pragma omp parallel num_threads(threads) if (B * KV > 1 && B * H * triangle(T) * Dh >= PARALLEL_MIN)
     {
         float *work = malloc(sizeof(float) * (4 * Dh + 1) * Tp);
+        float *k_t = work, *v_t = work + Dh * Tp, *dk_t = work + 2 * Dh * Tp, *dv_t = work + 3 * Dh * Tp,
+              *dp = work + 4 * Dh * Tp;
 #pragma omp for schedule(static)
-        for (int64_t n = 0; n < B * H; n++) {
-            int64_t b = n / H, h = n % H, head = n * T * Dh;
-            const float *g = d_out + (b * T * H + h) * Dh, *p = probs + n * triangle(T);
-            if (Dh == 8)
-                attention_head_backward_8(g, H * Dh, q + head, k + head, v + head, p, dq + head, dk + head,
-                                          dv + head, work, T, Tp);
-            if (Dh == 12)
-                attention_head_backward_12(g, H * Dh, q + head, k + head, v + head, p, dq + head, dk + head,
-                                           dv + head, work, T, Tp);
-            if (Dh == 16)
-                attention_head_backward_16(g, H * Dh, q + head, k + head, v + head, p, dq + head, dk + head,
-                                           dv + head, work, T, Tp);
+        for (int64_t task = 0; task < B * KV; task++) {
+            int64_t b = task / KV, kv = task % KV;
+            transpose_padded(k + task * T * Dh, k_t, T, Tp, Dh);
+            transpose_padded(v + task * T * Dh, v_t, T, Tp, Dh);
+            memset(dk_t, 0, sizeof(float) * 2 * Dh * Tp); /* dk_t and dv_t */
+            for (int64_t h = kv * group; h < (kv + 1) * group; h++) {
+                int64_t n = b * H + h;
+                const float *g = d_out + (b * T * H + h) * Dh, *p = probs + n * triangle(T), *qh = q + n * T * Dh;
+                float *dqh = dq + n * T * Dh;
+                if (Dh == 8) attention_head_backward_8(g, H * Dh, qh, k_t, v_t, p, dqh, dk_t, dv_t, dp, T, Tp);
+                if (Dh == 12) attention_head_backward_12(g, H * Dh, qh, k_t, v_t, p, dqh, dk_t, dv_t, dp, T, Tp);
+                if (Dh == 16) attention_head_backward_16(g, H * Dh, qh, k_t, v_t, p, dqh, dk_t, dv_t, dp, T, Tp);
+            }
+            for (int64_t j = 0; j < T; j++)
+                for (int64_t d = 0; d < Dh; d++) {
+                    dk[(task * T + j) * Dh + d] = dk_t[d * Tp + j];
+                    dv[(task * T + j) * Dh + d] = dv_t[d * Tp + j];
+                }
         }
         free(work);
     }

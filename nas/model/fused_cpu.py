@@ -57,9 +57,12 @@ _SIGNATURES = {
     "rope_qkv_grouped_forward": [_P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _I64, _F32, _INT],
     "rope_qkv_grouped_backward": [_P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _I64, _F32, _INT],
     "causal_softmax_": [_P, _I64, _I64, _I64, _INT],
-    "causal_attention_forward": [_P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _INT],
-    "causal_attention_backward": [_P, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _INT],
+    "causal_attention_forward": [_P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _INT],
+    "causal_attention_backward": [_P, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _INT],
+    "causal_attention_supports": [_I64],
 }
+
+_RETURNS = {"causal_attention_supports": ctypes.c_int}  # the rest return nothing
 
 _lock = threading.Lock()
 _library: ctypes.CDLL | None = None
@@ -125,7 +128,7 @@ def _load() -> None:
         lib = ctypes.CDLL(str(path))
         for name, argtypes in _SIGNATURES.items():
             fn = getattr(lib, name)
-            fn.argtypes, fn.restype = argtypes, None
+            fn.argtypes, fn.restype = argtypes, _RETURNS.get(name)
     except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError, UsageError) as exc:  # UsageError: no
         # writable cache folder; the PyTorch ops still work
         _reason = f"build or load failed: {exc}"
@@ -271,21 +274,25 @@ def causal_softmax_(scores: torch.Tensor, r0: int) -> torch.Tensor:
 
 def causal_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                              keep_probs: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(output (B, T, H, Dh), the lower triangles of P (B H T (T + 1) / 2,) if ``keep_probs``) of causal attention
-    ``softmax(q k^T + mask) v`` from contiguous q (already times 1/sqrt(Dh)), k, v (B, H, T, Dh)."""
+    """(output (B, T, H, Dh), the lower triangles of P (B H T (T + 1) / 2 + slack,) if ``keep_probs``) of causal
+    attention ``softmax(q k^T + mask) v`` from contiguous q (B, H, T, Dh) (already times 1/sqrt(Dh)) and k, v
+    (B, KV, T, Dh), KV dividing H (query head h reads key/value head h // (H / KV))."""
     B, H, T, Dh = q.shape
+    KV = k.shape[1]
+    if not library().causal_attention_supports(Dh) or H % KV or k.shape != v.shape or k.shape != (B, KV, T, Dh):
+        raise ValueError(f"no fused attention for q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     out = q.new_empty(B, T, H, Dh)
     probs = q.new_empty(B * H * T * (T + 1) // 2 + ATTENTION_SLACK) if keep_probs else None
     library().causal_attention_forward(_ptr(q), _ptr(k), _ptr(v), _ptr(out), _ptr(probs) if keep_probs else None,
-                                       B, H, T, Dh, torch.get_num_threads())
+                                       B, H, KV, T, Dh, torch.get_num_threads())
     return out, probs
 
 
 def causal_attention_backward(d_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                               probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) (B, H, T, Dh) of ``causal_attention_forward`` given the contiguous (B, T, H, Dh) ``d_out``."""
+    """(dq, dk, dv), shaped as q, k, v, of ``causal_attention_forward`` given the contiguous (B, T, H, Dh) ``d_out``."""
     B, H, T, Dh = q.shape
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     library().causal_attention_backward(_ptr(d_out), _ptr(q), _ptr(k), _ptr(v), _ptr(probs), _ptr(dq), _ptr(dk),
-                                        _ptr(dv), B, H, T, Dh, torch.get_num_threads())
+                                        _ptr(dv), B, H, k.shape[1], T, Dh, torch.get_num_threads())
     return dq, dk, dv

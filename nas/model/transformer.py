@@ -17,7 +17,7 @@ W_Q, W_K, W_V are one ``d -> 3d`` matmul and gate, up one
 ``d -> 2 d_h`` matmul; splitting q, k, v and rotating q, k is one autograd node
 (``RotaryQKV``: no temporaries, one gradient buffer); on CPU up to T = 512, attention is
 ``BlockedCausalAttention`` instead of SDPA's flash kernel (``FusedCausalAttention``, one C call each way, at head
-dims 8, 12 and 16 in fp32), and RMSNorm has its own backward
+dims 8, 12 and 16 in fp32, grouped or not), and RMSNorm has its own backward
 (``RMSNormFunction``, 6 passes instead of autograd's ~13 through ``F.rms_norm``), as does the gated
 up-projection of wide FFNs (``GatedUpProjection``: no (N, 2F) gradient concatenation); these autograd
 functions live in ``nas.model.kernels`` and ``nas.model.attention_kernels``. On CPU in fp32,
@@ -158,7 +158,7 @@ class Attention(nn.Module):
             raise RuntimeError("attention observers are for analysis: call the model under torch.no_grad()")
         q, k, v = self._qkv(x)  # (B, H, T, Dh), (B, KV, T, Dh) twice
         blocked = not self.reference_ops and use_blocked_attention(x.device, B * self.n_heads, T, q.element_size())
-        if blocked and observe is None and not self.grouped and use_fused_attention(q):
+        if blocked and observe is None and use_fused_attention(q):
             y = apply_function(FusedCausalAttention, q, k, v)  # (B, T, H, Dh)
         elif blocked and self.grouped:
             grouped = (B * self.n_kv, self.n_heads // self.n_kv, T, self.head_dim)  # (N, g, T, Dh) view of q
