@@ -8,7 +8,6 @@
  */
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 #include <omp.h>
 
@@ -410,13 +409,16 @@ static void transpose_padded(const float *restrict x, float *restrict x_t, int64
 }
 
 /* parallel over (batch, key/value head): each task owns its key/value head and its H / KV query heads */
+/* workspace: threads x attention_workspace(T, Dh) floats, one slice per thread */
+int64_t attention_workspace(int64_t T, int64_t Dh) { return (4 * Dh + 1) * padded(T); }
+
 void causal_attention_forward(const float *restrict q, const float *restrict k, const float *restrict v,
-                              float *restrict out, float *restrict probs, int64_t B, int64_t H, int64_t KV,
-                              int64_t T, int64_t Dh, int threads) {
+                              float *restrict out, float *restrict probs, float *restrict workspace, int64_t B,
+                              int64_t H, int64_t KV, int64_t T, int64_t Dh, int threads) {
     int64_t Tp = padded(T), group = H / KV;
 #pragma omp parallel num_threads(threads) if (B * KV > 1 && B * H * triangle(T) * Dh >= PARALLEL_MIN)
     {
-        float *work = malloc(sizeof(float) * (2 * Dh + 1) * Tp);
+        float *work = workspace + omp_get_thread_num() * attention_workspace(T, Dh);
         float *k_t = work, *v_t = work + Dh * Tp, *row = work + 2 * Dh * Tp;
 #pragma omp for schedule(static)
         for (int64_t task = 0; task < B * KV; task++) {
@@ -432,18 +434,17 @@ void causal_attention_forward(const float *restrict q, const float *restrict k, 
                 if (Dh == 16) attention_head_forward_16(qh, k_t, v_t, o, H * Dh, p, row, T, Tp);
             }
         }
-        free(work);
     }
 }
 
 void causal_attention_backward(const float *restrict d_out, const float *restrict q, const float *restrict k,
                                const float *restrict v, const float *restrict probs, float *restrict dq,
-                               float *restrict dk, float *restrict dv, int64_t B, int64_t H, int64_t KV, int64_t T,
-                               int64_t Dh, int threads) {
+                               float *restrict dk, float *restrict dv, float *restrict workspace, int64_t B, int64_t H,
+                               int64_t KV, int64_t T, int64_t Dh, int threads) {
     int64_t Tp = padded(T), group = H / KV;
 #pragma omp parallel num_threads(threads) if (B * KV > 1 && B * H * triangle(T) * Dh >= PARALLEL_MIN)
     {
-        float *work = malloc(sizeof(float) * (4 * Dh + 1) * Tp);
+        float *work = workspace + omp_get_thread_num() * attention_workspace(T, Dh);
         float *k_t = work, *v_t = work + Dh * Tp, *dk_t = work + 2 * Dh * Tp, *dv_t = work + 3 * Dh * Tp,
               *dp = work + 4 * Dh * Tp;
 #pragma omp for schedule(static)
@@ -466,6 +467,5 @@ void causal_attention_backward(const float *restrict d_out, const float *restric
                     dv[(task * T + j) * Dh + d] = dv_t[d * Tp + j];
                 }
         }
-        free(work);
     }
 }

@@ -57,12 +57,13 @@ _SIGNATURES = {
     "rope_qkv_grouped_forward": [_P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _I64, _F32, _INT],
     "rope_qkv_grouped_backward": [_P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _I64, _F32, _INT],
     "causal_softmax_": [_P, _I64, _I64, _I64, _INT],
-    "causal_attention_forward": [_P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _INT],
-    "causal_attention_backward": [_P, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _INT],
+    "causal_attention_forward": [_P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _INT],
+    "causal_attention_backward": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _INT],
     "causal_attention_supports": [_I64],
+    "attention_workspace": [_I64, _I64],
 }
 
-_RETURNS = {"causal_attention_supports": ctypes.c_int}  # the rest return nothing
+_RETURNS = {"causal_attention_supports": ctypes.c_int, "attention_workspace": _I64}  # the rest return nothing
 
 _lock = threading.Lock()
 _library: ctypes.CDLL | None = None
@@ -283,9 +284,17 @@ def causal_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         raise ValueError(f"no fused attention for q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     out = q.new_empty(B, T, H, Dh)
     probs = q.new_empty(B * H * T * (T + 1) // 2 + ATTENTION_SLACK) if keep_probs else None
+    threads = torch.get_num_threads()
+    workspace = _attention_workspace(q, threads)  # held here: the call only sees its address
     library().causal_attention_forward(_ptr(q), _ptr(k), _ptr(v), _ptr(out), _ptr(probs) if keep_probs else None,
-                                       B, H, KV, T, Dh, torch.get_num_threads())
+                                       _ptr(workspace), B, H, KV, T, Dh, threads)
     return out, probs
+
+
+def _attention_workspace(q: torch.Tensor, threads: int) -> torch.Tensor:
+    """Each thread's scratch for the attention kernels (transposed keys and values, their gradients, a row)."""
+    T, Dh = q.shape[-2:]
+    return q.new_empty(threads * library().attention_workspace(T, Dh))
 
 
 def causal_attention_backward(d_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -293,6 +302,8 @@ def causal_attention_backward(d_out: torch.Tensor, q: torch.Tensor, k: torch.Ten
     """(dq, dk, dv), shaped as q, k, v, of ``causal_attention_forward`` given the contiguous (B, T, H, Dh) ``d_out``."""
     B, H, T, Dh = q.shape
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    threads = torch.get_num_threads()
+    workspace = _attention_workspace(q, threads)  # held here: the call only sees its address
     library().causal_attention_backward(_ptr(d_out), _ptr(q), _ptr(k), _ptr(v), _ptr(probs), _ptr(dq), _ptr(dk),
-                                        _ptr(dv), B, H, k.shape[1], T, Dh, torch.get_num_threads())
+                                        _ptr(dv), _ptr(workspace), B, H, k.shape[1], T, Dh, threads)
     return dq, dk, dv
