@@ -235,7 +235,7 @@ class FusedCausalAttention(torch.autograd.Function):
     head h // (H / KV) (HF's ``repeat_kv`` order; KV = H is multi-head); output (B, T, H, Dh), the layout the output
     projection reads, so no copy follows. ``P = softmax(q k^T + causal mask)`` is computed for keys ``j <= i`` only
     and its lower triangle kept for the backward (``N T (T + 1) / 2`` floats, N = B H); the backward is
-    ``dS = P (dO V^T - rowsum(P * dO V^T))``, ``dQ = dS K``, ``dK = dS^T Q``, ``dV = P^T dO``. At head dims of 8 to 16
+    ``dS = P (dO V^T - rowsum(dO * O))``, ``dQ = dS K``, ``dK = dS^T Q``, ``dV = P^T dO``. At head dims of 8 to 16
     this replaces batched matmuls with an inner dimension of Dh, the softmax and the layout copies of
     ``BlockedCausalAttention`` (measurements: benchmarks/RESULTS.md, "Design measurements").
     """
@@ -244,13 +244,13 @@ class FusedCausalAttention(torch.autograd.Function):
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         out, probs = fused_cpu.causal_attention_forward(q, k, v, keep_probs=not isinstance(ctx, _ForwardOnly))
         if probs is not None:
-            ctx.save_for_backward(q, k, v, probs)
+            ctx.save_for_backward(q, k, v, probs, out)  # out: the output projection keeps it anyway
         return out
 
     @staticmethod
     def backward(ctx, d_out: torch.Tensor):
-        q, k, v, probs = ctx.saved_tensors
-        return fused_cpu.causal_attention_backward(d_out.contiguous(), q, k, v, probs)
+        q, k, v, probs, out = ctx.saved_tensors
+        return fused_cpu.causal_attention_backward(d_out.contiguous(), out, q, k, v, probs)
 
 
 TRANSPOSED_MAX_HEAD_DIM = 8  # BlockedCausalAttention computes Dh-wide products transposed up to this head dim

@@ -262,7 +262,7 @@ void causal_softmax_(float *restrict p, int64_t N, int64_t Tb, int64_t r0, int t
 /* ------------------------------------------------------------------ causal attention, one pass per head
  * P = softmax(q k^T + causal mask) row by row (q already times 1/sqrt(Dh)), O = P V   (Vaswani et al. 2017)
  * backward (the softmax's Jacobian, as in FlashAttention-2, Dao 2023, section 2.2):
- *   dP = dO V^T;  D_i = sum_j P_ij dP_ij;  dS = P (dP - D);  dQ = dS K;  dK = dS^T Q;  dV = P^T dO
+ *   dP = dO V^T;  D_i = sum_j P_ij dP_ij = dO_i . O_i;  dS = P (dP - D);  dQ = dS K;  dK = dS^T Q;  dV = P^T dO
  * Only keys j <= i are touched (the masked half of the scores is never computed). Each head's keys and
  * values are first transposed to (Dh, Tp), Tp = T rounded up to 16 and zero past T, so that keys are
  * taken 16 at a time (one AVX-512 vector, two AVX2 or four NEON ones: GCC's vector extension) and a
@@ -307,24 +307,24 @@ static inline vec16 keep_before(vec16 x, int64_t c, int64_t n, float fill) {
 static inline int64_t triangle(int64_t i) { return i * (i + 1) / 2; }
 
 
-/* softmax of row[0, n) in place, row[n, width) set to 0; width a multiple of CHUNK, row[n, width) = -inf on entry
- * (exp_f of it is ~1e-38, not 0: zeroed at the end; its share of the sum is far below float rounding) */
-static inline void softmax_padded(float *restrict row, int64_t n, int64_t width) {
-    vec16 m16 = load16(row);
-    for (int64_t c = CHUNK; c < width; c += CHUNK) {
-        vec16 x = load16(row + c);
-        vec16i more = x > m16;
-        m16 = (vec16)(((vec16i)x & more) | ((vec16i)m16 & ~more));
-    }
-    float m = m16[0];
-    for (int l = 1; l < CHUNK; l++) m = m16[l] > m ? m16[l] : m; /* not a dependency chain of adds: compares */
+static inline vec16 max16(vec16 a, vec16 b) {
+    vec16i more = a > b;
+    return (vec16)(((vec16i)a & more) | ((vec16i)b & ~more));
+}
+
+/* the row's largest lane (compares, not a dependency chain of adds) */
+static inline float lanes_max(vec16 v) {
+    float m = v[0];
+    for (int l = 1; l < CHUNK; l++) m = v[l] > m ? v[l] : m;
+    return m;
+}
+
+/* e_j = exp(row_j - m) in place over the padded width (a multiple of CHUNK); keys past the causal edge, -inf on
+ * entry, are set to exactly 0 (exp_f clamps: it would give ~1e-38) */
+static inline void exp_padded(float *restrict row, int64_t n, int64_t width, float m) {
 #pragma omp simd
     for (int64_t j = 0; j < width; j++) row[j] = exp_f(row[j] - m);
-    vec16 sum = {0};
-    for (int64_t c = 0; c < width; c += CHUNK) sum += load16(row + c);
-    vec16 inv = (vec16){0} + 1.0f / sum16(sum);
-    for (int64_t c = 0; c < width - CHUNK; c += CHUNK) store16(row + c, load16(row + c) * inv);
-    store16(row + width - CHUNK, keep_before(load16(row + width - CHUNK) * inv, width - CHUNK, n, 0.0f));
+    store16(row + width - CHUNK, keep_before(load16(row + width - CHUNK), width - CHUNK, n, 0.0f));
 }
 
 #define DBLOCK(DH) ((DH) > 8 ? (DH) / 2 : (DH)) /* the backward's channel block: 8, 6 (DH 12), 8 (DH 16) */
@@ -336,48 +336,52 @@ static inline void softmax_padded(float *restrict row, int64_t n, int64_t width)
         for (int64_t i = 0; i < T; i++) {                                                                        \
             int64_t n = i + 1, width = (n + CHUNK - 1) / CHUNK * CHUNK;                                          \
             const float *restrict qi = q + i * DH;                                                               \
+            vec16 top = (vec16){0} - INFINITY;                                                                   \
             for (int64_t c = 0; c < width; c += CHUNK) {                                                         \
                 vec16 s = {0};                                                                                   \
                 _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) s += qi[d] * load16(k_t + d * Tp + c);     \
-                store16(row + c, keep_before(s, c, n, -INFINITY));                                               \
+                s = keep_before(s, c, n, -INFINITY);                                                             \
+                store16(row + c, s);                                                                             \
+                top = max16(top, s);                                                                             \
             }                                                                                                    \
-            softmax_padded(row, n, width);                                                                       \
-            if (probs) memcpy(probs + triangle(i), row, sizeof(float) * n);                                      \
-            vec16 acc[DH];                                                                                       \
+            exp_padded(row, n, width, lanes_max(top)); /* unnormalised: O and P are scaled once, below */        \
+            vec16 acc[DH], total = {0};                                                                          \
             _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) acc[d] = (vec16){0};                           \
             for (int64_t c = 0; c < width; c += CHUNK) {                                                         \
-                vec16 p = load16(row + c);                                                                       \
-                _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) acc[d] += p * load16(v_t + d * Tp + c);    \
+                vec16 e = load16(row + c);                                                                       \
+                total += e;                                                                                      \
+                _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) acc[d] += e * load16(v_t + d * Tp + c);    \
             }                                                                                                    \
+            float inv = 1.0f / sum16(total);                                                                     \
             float *restrict oi = out + i * out_stride;                                                           \
-            _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) oi[d] = sum16(acc[d]);                         \
+            _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) oi[d] = sum16(acc[d]) * inv;                   \
+            if (probs) {                                                                                         \
+                float *restrict p = probs + triangle(i);                                                         \
+                _Pragma("omp simd") for (int64_t j = 0; j < n; j++) p[j] = row[j] * inv;                         \
+            }                                                                                                    \
         }                                                                                                        \
     }                                                                                                            \
                                                                                                                  \
     /* one query head: writes its dq, adds its share of dK, dV to dk_t, dv_t (DH, Tp); dp: Tp floats */         \
-    static void attention_head_backward_##DH(const float *restrict d_out, int64_t d_out_stride,                 \
-                                             const float *restrict q, const float *restrict k_t,                \
-                                             const float *restrict v_t, const float *restrict probs,            \
-                                             float *restrict dq, float *restrict dk_t, float *restrict dv_t,    \
-                                             float *restrict dp, int64_t T, int64_t Tp) {                       \
+    static void attention_head_backward_##DH(const float *restrict d_out, const float *restrict out,             \
+                                             int64_t stride, const float *restrict q, const float *restrict k_t, \
+                                             const float *restrict v_t, const float *restrict probs,             \
+                                             float *restrict dq, float *restrict dk_t, float *restrict dv_t,     \
+                                             int64_t T, int64_t Tp) {                                            \
         for (int64_t i = 0; i < T; i++) {                                                                        \
             int64_t n = i + 1, width = (n + CHUNK - 1) / CHUNK * CHUNK;                                          \
-            const float *restrict g = d_out + i * d_out_stride, *restrict qi = q + i * DH;                       \
+            const float *restrict g = d_out + i * stride, *restrict oi = out + i * stride, *restrict qi = q + i * DH;\
             const float *restrict p_row = probs + triangle(i); /* read to width: CHUNK floats of slack at the end */\
-            vec16 dot = {0};                                                                                     \
-            for (int64_t c = 0; c < width; c += CHUNK) {                                                         \
-                vec16 s = {0};                                                                                   \
-                _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) s += g[d] * load16(v_t + d * Tp + c);      \
-                store16(dp + c, s);                                                                              \
-                dot += s * keep_before(load16(p_row + c), c, n, 0.0f);                                           \
-            }                                                                                                    \
-            float D = sum16(dot);                                                                                \
+            float D = 0.0f; /* sum_j P_ij dP_ij = dO_i . O_i (FlashAttention-2): no pass over the keys */        \
+            for (int d = 0; d < DH; d++) D += g[d] * oi[d];                                                      \
             /* channels in blocks of at most 8, so a block's dq sums and broadcasts stay in registers */         \
             for (int d0 = 0; d0 < DH; d0 += DBLOCK(DH)) {                                                        \
                 vec16 acc[DBLOCK(DH)];                                                                           \
                 _Pragma("GCC unroll 8") for (int d = 0; d < DBLOCK(DH); d++) acc[d] = (vec16){0};                \
                 for (int64_t c = 0; c < width; c += CHUNK) {                                                     \
-                    vec16 p = keep_before(load16(p_row + c), c, n, 0.0f), ds = p * (load16(dp + c) - D);         \
+                    vec16 dp = {0};                                                                              \
+                    _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) dp += g[d] * load16(v_t + d * Tp + c); \
+                    vec16 p = keep_before(load16(p_row + c), c, n, 0.0f), ds = p * (dp - D);                     \
                     _Pragma("GCC unroll 8") for (int d = 0; d < DBLOCK(DH); d++) {                               \
                         int64_t at = (d0 + d) * Tp + c;                                                          \
                         acc[d] += ds * load16(k_t + at);                                                         \
@@ -410,7 +414,7 @@ static void transpose_padded(const float *restrict x, float *restrict x_t, int64
 
 /* parallel over (batch, key/value head): each task owns its key/value head and its H / KV query heads */
 /* workspace: threads x attention_workspace(T, Dh) floats, one slice per thread */
-int64_t attention_workspace(int64_t T, int64_t Dh) { return (4 * Dh + 1) * padded(T); }
+int64_t attention_workspace(int64_t T, int64_t Dh) { return 4 * Dh * padded(T); }
 
 void causal_attention_forward(const float *restrict q, const float *restrict k, const float *restrict v,
                               float *restrict out, float *restrict probs, float *restrict workspace, int64_t B,
@@ -437,7 +441,8 @@ void causal_attention_forward(const float *restrict q, const float *restrict k, 
     }
 }
 
-void causal_attention_backward(const float *restrict d_out, const float *restrict q, const float *restrict k,
+void causal_attention_backward(const float *restrict d_out, const float *restrict out, const float *restrict q,
+                               const float *restrict k,
                                const float *restrict v, const float *restrict probs, float *restrict dq,
                                float *restrict dk, float *restrict dv, float *restrict workspace, int64_t B, int64_t H,
                                int64_t KV, int64_t T, int64_t Dh, int threads) {
@@ -445,8 +450,7 @@ void causal_attention_backward(const float *restrict d_out, const float *restric
 #pragma omp parallel num_threads(threads) if (B * KV > 1 && B * H * triangle(T) * Dh >= PARALLEL_MIN)
     {
         float *work = workspace + omp_get_thread_num() * attention_workspace(T, Dh);
-        float *k_t = work, *v_t = work + Dh * Tp, *dk_t = work + 2 * Dh * Tp, *dv_t = work + 3 * Dh * Tp,
-              *dp = work + 4 * Dh * Tp;
+        float *k_t = work, *v_t = work + Dh * Tp, *dk_t = work + 2 * Dh * Tp, *dv_t = work + 3 * Dh * Tp;
 #pragma omp for schedule(static)
         for (int64_t task = 0; task < B * KV; task++) {
             int64_t b = task / KV, kv = task % KV;
@@ -455,11 +459,12 @@ void causal_attention_backward(const float *restrict d_out, const float *restric
             memset(dk_t, 0, sizeof(float) * 2 * Dh * Tp); /* dk_t and dv_t */
             for (int64_t h = kv * group; h < (kv + 1) * group; h++) {
                 int64_t n = b * H + h;
-                const float *g = d_out + (b * T * H + h) * Dh, *p = probs + n * triangle(T), *qh = q + n * T * Dh;
+                const float *g = d_out + (b * T * H + h) * Dh, *o = out + (b * T * H + h) * Dh,
+                            *p = probs + n * triangle(T), *qh = q + n * T * Dh;
                 float *dqh = dq + n * T * Dh;
-                if (Dh == 8) attention_head_backward_8(g, H * Dh, qh, k_t, v_t, p, dqh, dk_t, dv_t, dp, T, Tp);
-                if (Dh == 12) attention_head_backward_12(g, H * Dh, qh, k_t, v_t, p, dqh, dk_t, dv_t, dp, T, Tp);
-                if (Dh == 16) attention_head_backward_16(g, H * Dh, qh, k_t, v_t, p, dqh, dk_t, dv_t, dp, T, Tp);
+                if (Dh == 8) attention_head_backward_8(g, o, H * Dh, qh, k_t, v_t, p, dqh, dk_t, dv_t, T, Tp);
+                if (Dh == 12) attention_head_backward_12(g, o, H * Dh, qh, k_t, v_t, p, dqh, dk_t, dv_t, T, Tp);
+                if (Dh == 16) attention_head_backward_16(g, o, H * Dh, qh, k_t, v_t, p, dqh, dk_t, dv_t, T, Tp);
             }
             for (int64_t j = 0; j < T; j++)
                 for (int64_t d = 0; d < Dh; d++) {

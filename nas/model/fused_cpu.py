@@ -58,7 +58,7 @@ _SIGNATURES = {
     "rope_qkv_grouped_backward": [_P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _I64, _F32, _INT],
     "causal_softmax_": [_P, _I64, _I64, _I64, _INT],
     "causal_attention_forward": [_P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _INT],
-    "causal_attention_backward": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _INT],
+    "causal_attention_backward": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _INT],
     "causal_attention_supports": [_I64],
     "attention_workspace": [_I64, _I64],
 }
@@ -297,13 +297,14 @@ def _attention_workspace(q: torch.Tensor, threads: int) -> torch.Tensor:
     return q.new_empty(threads * library().attention_workspace(T, Dh))
 
 
-def causal_attention_backward(d_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                              probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv), shaped as q, k, v, of ``causal_attention_forward`` given the contiguous (B, T, H, Dh) ``d_out``."""
+def causal_attention_backward(d_out: torch.Tensor, out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                              v: torch.Tensor, probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv), shaped as q, k, v, of ``causal_attention_forward`` given the contiguous (B, T, H, Dh) ``d_out``
+    and the forward's own ``out``."""
     B, H, T, Dh = q.shape
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     threads = torch.get_num_threads()
     workspace = _attention_workspace(q, threads)  # held here: the call only sees its address
-    library().causal_attention_backward(_ptr(d_out), _ptr(q), _ptr(k), _ptr(v), _ptr(probs), _ptr(dq), _ptr(dk),
-                                        _ptr(dv), _ptr(workspace), B, H, k.shape[1], T, Dh, threads)
+    library().causal_attention_backward(_ptr(d_out), _ptr(out), _ptr(q), _ptr(k), _ptr(v), _ptr(probs), _ptr(dq),
+                                        _ptr(dk), _ptr(dv), _ptr(workspace), B, H, k.shape[1], T, Dh, threads)
     return dq, dk, dv
