@@ -272,10 +272,10 @@ def mount_tmpfs(path: Path, size: str) -> bool:
 def fill(folder: Path) -> Path:
     """Write a file until the file system is full."""
     filler = folder / "filler"
-    with open(filler, "wb") as f, contextlib.suppress(OSError):  # ENOSPC ends the loop: the disk is full
+    # unbuffered: a buffered file keeps what ENOSPC refused and flushes it again on close, outside the suppress
+    with open(filler, "wb", buffering=0) as f, contextlib.suppress(OSError):  # ENOSPC ends the loop: the disk is full
         while True:
             f.write(b"\0" * 65536)
-            f.flush()
     return filler
 
 

@@ -278,7 +278,6 @@ void causal_softmax_(float *restrict p, int64_t N, int64_t Tb, int64_t r0, int t
  * row i at n T(T+1)/2 + i(i+1)/2. */
 #define CHUNK 16
 typedef float vec16 __attribute__((vector_size(CHUNK * sizeof(float))));
-
 typedef float vec8 __attribute__((vector_size(8 * sizeof(float))));
 typedef float vec4 __attribute__((vector_size(4 * sizeof(float))));
 typedef int32_t vec16i __attribute__((vector_size(CHUNK * sizeof(int32_t))));
@@ -305,7 +304,6 @@ static inline vec16 keep_before(vec16 x, int64_t c, int64_t n, float fill) {
     return (vec16)(((vec16i)x & keep) | ((vec16i)other & ~keep));
 }
 static inline int64_t triangle(int64_t i) { return i * (i + 1) / 2; }
-
 
 static inline vec16 max16(vec16 a, vec16 b) {
     vec16i more = a > b;
