@@ -258,13 +258,15 @@ BLOCKED_ATTENTION_MAX_T = 512  # CPU: BlockedCausalAttention up to this context,
 BLOCKED_ATTENTION_MAX_BYTES = 512 * 2 ** 20  # ... and while one layer's saved scores stay under this
 
 
-FUSED_ATTENTION_HEAD_DIMS = (8, 12, 16)  # FusedCausalAttention's head dims: where it beats BlockedCausalAttention
+# FusedCausalAttention's head dims: 1.9x BlockedCausalAttention at 8, 1.3x at 12 on one thread; at 16 parity on one
+# thread and 1.2x on two (benchmarks/fused_attention.py); wider heads run the blocked products well
+FUSED_ATTENTION_HEAD_DIMS = (8, 12, 16)
 
 
 def use_fused_attention(q: torch.Tensor) -> bool:
-    """Whether multi-head attention on q (B, H, T, Dh) takes ``FusedCausalAttention``: CPU fp32 with the kernels built,
-    a head dim it has a kernel for, and the context and saved probabilities within ``use_blocked_attention``'s bounds.
-    """
+    """Whether attention on q (B, H, T, Dh), grouped or not, takes ``FusedCausalAttention``: CPU fp32 with the
+    kernels built, a head dim it has a kernel for, and the context and saved probabilities within
+    ``use_blocked_attention``'s bounds."""
     B, H, T, Dh = q.shape
     return (Dh in FUSED_ATTENTION_HEAD_DIMS and use_blocked_attention(q.device, B * H, T, q.element_size())
             and fused_cpu.usable(q))
