@@ -12,6 +12,11 @@ rounds):
   uniform baseline (12 heads: head dim 8 everywhere) and two Prism staircases, at 1 thread, with
   ``FUSED_ATTENTION_HEAD_DIMS`` emptied for the reference (every other kernel the same).
 
+``--noise`` adds what the proxy measures with each kernel: the two step shapes trained as the ``cpu`` preset's
+trials (``runners.proxy.run``, one thread) at 12 seeds, each seed with both kernels in turn; the kernels agree up to
+float rounding, which a trajectory amplifies, so the question is whether the scores' mean and seed spread change:
+the paired mean difference (t test) and the ratio of seed variances (F test) per shape.
+
 Writes ``benchmarks/data/fused_attention.json`` with the machine and its fp32 matmul peak beside the figures.
 """
 
@@ -135,14 +140,55 @@ def measure(smoke: bool) -> dict[str, Any]:
             "peak_gflops": measure_matmul_peak(torch.device("cpu")) / 1e9, "smoke": smoke}
 
 
+def proxy_noise(smoke: bool) -> list[dict[str, Any]]:
+    """Per step shape: the final validation loss of ``cpu``-preset trials, fused and blocked attention at each seed."""
+    import statistics
+
+    import torch
+    from scipy import stats
+
+    from nas.data.loading import load_data
+    from runners.presets import PRESETS
+    from runners.proxy import run
+
+    torch.set_num_threads(1)
+    preset = PRESETS["tiny" if smoke else "cpu"]
+    data = load_data("builtin")
+    seeds = range(3 if smoke else 12)
+    rows = []
+    for name, heads in STEP_SHAPES.items():
+        if smoke:
+            heads = (4,) * preset.baseline.n_layers  # the tiny preset's width 32: head dim 8
+        arch = preset.baseline.replace(heads=list(heads))
+        fused, blocked = [], []
+        for seed in seeds:
+            cfg = preset.train.with_(seed=seed, threads=1)
+            fused.append(run(arch, cfg, data).val_loss)
+            with blocked_only():
+                blocked.append(run(arch, cfg, data).val_loss)
+        variance_ratio = statistics.variance(fused) / statistics.variance(blocked)
+        df = len(fused) - 1
+        rows.append({"shape": name, "seeds": len(fused), "fused": fused, "blocked": blocked,
+                     "mean difference": statistics.mean(f - b for f, b in zip(fused, blocked)),
+                     "paired t p": float(stats.ttest_rel(fused, blocked).pvalue),
+                     "seed sd fused": statistics.stdev(fused), "seed sd blocked": statistics.stdev(blocked),
+                     "variance ratio": variance_ratio,
+                     "F p": float(2 * min(stats.f.sf(variance_ratio, df, df), stats.f.cdf(variance_ratio, df, df)))})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.fused_attention", description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="one round of small shapes (proves it runs)")
+    parser.add_argument("--noise", action="store_true", help="also train the step shapes at 12 seeds with each "
+                        "kernel: does the proxy's mean or seed spread change? (~3 min)")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
     from benchmarks.harness import machine_info
 
     result = measure(args.smoke)
+    if args.noise:
+        result["noise"] = proxy_noise(args.smoke)
     result["machine"] = machine_info(os.cpu_count() or 1, "cpu")
     for row in result["kernels"]:
         shown = "no fused kernel" if row["ratio"] is None else \
@@ -152,6 +198,10 @@ def main(argv: list[str] | None = None) -> int:
     for row in result["steps"]:
         print(f"step    {row['shape']}: {row['blocked tokens/s']:,.0f} -> {row['fused tokens/s']:,.0f} tokens/s, "
               f"{row['ratio']:.2f}x ({row['IQR']})")
+    for row in result.get("noise", []):
+        print(f"noise   {row['shape']}, {row['seeds']} seeds: fused - blocked {row['mean difference']:+.4f} nats "
+              f"(paired t p {row['paired t p']:.2f}); seed sd {row['seed sd fused']:.4f} fused, "
+              f"{row['seed sd blocked']:.4f} blocked (F {row['variance ratio']:.2f}, p {row['F p']:.2f})")
     print(f"fp32 matmul peak {result['peak_gflops']:.0f} GFLOP/s (every core)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")

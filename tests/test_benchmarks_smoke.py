@@ -172,7 +172,7 @@ def test_fused_attention_benchmark_smoke_writes_kernel_and_step_ratios(tmp_path)
     from benchmarks import fused_attention
 
     out = tmp_path / "fused_attention.json"
-    assert fused_attention.main(["--smoke", "--out", str(out)]) == 0
+    assert fused_attention.main(["--smoke", "--noise", "--out", str(out)]) == 0
     data = json.loads(out.read_text())
     assert data["smoke"] and data["peak_gflops"] > 0 and data["machine"]["cpu"]
     assert {(row["head dim"], row["group"]) for row in data["kernels"]} == {(8, 1), (8, 4), (24, 1)}
@@ -181,3 +181,7 @@ def test_fused_attention_benchmark_smoke_writes_kernel_and_step_ratios(tmp_path)
         assert row["ratio"] is None or row["ratio"] > 0
     assert [row["shape"] for row in data["steps"]] == list(fused_attention.STEP_SHAPES)
     assert all(row["ratio"] > 0 and row["fused tokens/s"] > 0 for row in data["steps"])
+    for row in data["noise"]:  # real trainings with each kernel, a finite score at every seed
+        assert len(row["fused"]) == len(row["blocked"]) == row["seeds"] == 3
+        assert all(2.0 < loss < 6.0 for loss in row["fused"] + row["blocked"])
+        assert 0 <= row["paired t p"] <= 1 and 0 <= row["F p"] <= 1
