@@ -124,6 +124,17 @@ def test_fused_attention_matches_float64_attention_and_its_gradients(batch, head
         torch.testing.assert_close(apply_function(FusedCausalAttention, q, k, v), out.detach(), rtol=0, atol=0)
 
 
+def test_fused_attention_reads_strided_inputs_as_their_values() -> None:
+    """q, k, v as transposed views (not contiguous): the same output as from contiguous copies."""
+    from nas.model.attention_kernels import FusedCausalAttention
+
+    torch.manual_seed(6)
+    q, k, v = (torch.randn(2, 20, 3, 8).transpose(1, 2) for _ in range(3))  # (B, H, T, Dh) views
+    assert not q.is_contiguous()
+    expected = FusedCausalAttention.apply(q.contiguous(), k.contiguous(), v.contiguous())
+    torch.testing.assert_close(FusedCausalAttention.apply(q, k, v), expected, rtol=0, atol=0)
+
+
 def test_fused_attention_refuses_a_head_dim_without_a_kernel() -> None:
     """The C side computes nothing for an unsupported head dim: the wrapper refuses rather than return garbage."""
     q = torch.zeros(1, 2, 4, 24)

@@ -242,6 +242,7 @@ class FusedCausalAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # the kernel reads raw memory (no copy: they are)
         out, probs = fused_cpu.causal_attention_forward(q, k, v, keep_probs=not isinstance(ctx, _ForwardOnly))
         if probs is not None:
             ctx.save_for_backward(q, k, v, probs, out)  # out: the output projection keeps it anyway
