@@ -90,18 +90,10 @@ def repeated(step: Callable[[], None], times: int) -> Callable[[], None]:
     return run
 
 
-def under_blocked_only(step: Callable[[], None]) -> Callable[[], None]:
-    def run() -> None:
-        with blocked_only():
-            step()
-
-    return run
-
-
 def measure(smoke: bool) -> dict[str, Any]:
     import torch
 
-    from benchmarks.harness import ours_loss, random_batch, sandwich, training_step
+    from benchmarks.harness import ours_loss, random_batch, sandwich, training_step, under
     from nas.arch import uniform
     from nas.model.attention_kernels import FUSED_ATTENTION_HEAD_DIMS
     from nas.model.transformer import Transformer
@@ -131,7 +123,7 @@ def measure(smoke: bool) -> dict[str, Any]:
         arch = uniform(layers, width, 12, 256).replace(heads=list(heads[-layers:]))
         torch.manual_seed(0)
         step = training_step(Transformer(arch), ours_loss, x_y, "cpu", "fp32", 3)
-        r = sandwich(under_blocked_only(step), {"fused": step}, rounds)["fused"]
+        r = sandwich(under(blocked_only, step), {"fused": step}, rounds)["fused"]
         tokens = 3 * batch * seq_len
         steps.append({"shape": name, "heads": list(arch.heads), "blocked tokens/s": tokens / r.ref_seconds,
                       "fused tokens/s": tokens / r.seconds, "ratio": r.median, "IQR": r.spread()})

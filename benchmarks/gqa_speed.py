@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
-from benchmarks.harness import BenchConfig, Figure, ours_loss, random_batch, sandwich, training_step
+from benchmarks.harness import BenchConfig, Figure, ours_loss, random_batch, sandwich, training_step, under
 
 TARGET = 0.97
 # (layers, d_model, heads, seq_len, batch, rounds, group sizes, the group size whose kernel paths are compared)
@@ -47,14 +47,6 @@ def sdpa_attention() -> Iterator[None]:
 def ffn_text(arch: Any) -> str:
     """``688``, or ``853+2`` when 2 sub-MLPs are one wider."""
     return f"{arch.ffn.hidden}+{arch.ffn.wider}" if arch.ffn.wider else str(arch.ffn.hidden)
-
-
-def under(context: Callable[[], Any], step: Callable[[], None]) -> Callable[[], None]:
-    def run() -> None:
-        with context():
-            step()
-
-    return run
 
 
 def run(cfg: BenchConfig) -> Figure:

@@ -195,6 +195,16 @@ def random_batch(vocab: int, batch: int, seq_len: int, device: str, seed: int = 
     return x[:, :-1].contiguous().to(device), x[:, 1:].contiguous().to(device)
 
 
+def under(context: Callable[[], Any], step: Callable[[], None]) -> Callable[[], None]:
+    """``step`` run inside ``context()`` each time (a kernel switched off for a reference block)."""
+
+    def run() -> None:
+        with context():
+            step()
+
+    return run
+
+
 def training_step(model, loss_fn: Callable, batch, device: str, dtype: str = "fp32",
                   steps: int = 1) -> Callable[[], None]:
     """A closure running ``steps`` proxy training steps exactly as ``runners.proxy`` does.

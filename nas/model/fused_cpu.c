@@ -398,7 +398,23 @@ ATTENTION_FIXED(12)
 ATTENTION_FIXED(16)
 
 /* 1 when causal_attention_forward/backward have a kernel for this head dim */
-int causal_attention_supports(int64_t Dh) { return Dh == 8 || Dh == 12 || Dh == 16; }
+typedef void (*head_forward_fn)(const float *, const float *, const float *, float *, int64_t, float *, float *,
+                                int64_t, int64_t);
+typedef void (*head_backward_fn)(const float *, const float *, int64_t, const float *, const float *, const float *,
+                                 const float *, float *, float *, float *, int64_t, int64_t);
+
+/* the per-head kernels for this head dim, NULL where there is none */
+static head_forward_fn head_forward(int64_t Dh) {
+    return Dh == 8 ? attention_head_forward_8 : Dh == 12 ? attention_head_forward_12
+                                              : Dh == 16 ? attention_head_forward_16 : NULL;
+}
+static head_backward_fn head_backward(int64_t Dh) {
+    return Dh == 8 ? attention_head_backward_8 : Dh == 12 ? attention_head_backward_12
+                                               : Dh == 16 ? attention_head_backward_16 : NULL;
+}
+
+/* 1 when causal_attention_forward/backward have a kernel for this head dim */
+int causal_attention_supports(int64_t Dh) { return head_forward(Dh) != NULL; }
 
 static inline int64_t padded(int64_t T) { return (T + CHUNK - 1) / CHUNK * CHUNK; }
 
@@ -410,14 +426,16 @@ static void transpose_padded(const float *restrict x, float *restrict x_t, int64
     }
 }
 
-/* parallel over (batch, key/value head): each task owns its key/value head and its H / KV query heads */
 /* workspace: threads x attention_workspace(T, Dh) floats, one slice per thread */
 int64_t attention_workspace(int64_t T, int64_t Dh) { return 4 * Dh * padded(T); }
 
+/* both passes: parallel over (batch, key/value head), each task owning its key/value head and its H / KV query
+ * heads; the head dim must be one causal_attention_supports accepts (the Python wrapper checks) */
 void causal_attention_forward(const float *restrict q, const float *restrict k, const float *restrict v,
                               float *restrict out, float *restrict probs, float *restrict workspace, int64_t B,
                               int64_t H, int64_t KV, int64_t T, int64_t Dh, int threads) {
     int64_t Tp = padded(T), group = H / KV;
+    head_forward_fn kernel = head_forward(Dh);
 #pragma omp parallel num_threads(threads) if (B * KV > 1 && B * H * triangle(T) * Dh >= PARALLEL_MIN)
     {
         float *work = workspace + omp_get_thread_num() * attention_workspace(T, Dh);
@@ -429,22 +447,19 @@ void causal_attention_forward(const float *restrict q, const float *restrict k, 
             transpose_padded(v + task * T * Dh, v_t, T, Tp, Dh);
             for (int64_t h = kv * group; h < (kv + 1) * group; h++) {
                 int64_t n = b * H + h;
-                const float *qh = q + n * T * Dh;
-                float *o = out + (b * T * H + h) * Dh, *p = probs ? probs + n * triangle(T) : NULL;
-                if (Dh == 8) attention_head_forward_8(qh, k_t, v_t, o, H * Dh, p, row, T, Tp);
-                if (Dh == 12) attention_head_forward_12(qh, k_t, v_t, o, H * Dh, p, row, T, Tp);
-                if (Dh == 16) attention_head_forward_16(qh, k_t, v_t, o, H * Dh, p, row, T, Tp);
+                kernel(q + n * T * Dh, k_t, v_t, out + (b * T * H + h) * Dh, H * Dh,
+                       probs ? probs + n * triangle(T) : NULL, row, T, Tp);
             }
         }
     }
 }
 
 void causal_attention_backward(const float *restrict d_out, const float *restrict out, const float *restrict q,
-                               const float *restrict k,
-                               const float *restrict v, const float *restrict probs, float *restrict dq,
-                               float *restrict dk, float *restrict dv, float *restrict workspace, int64_t B, int64_t H,
-                               int64_t KV, int64_t T, int64_t Dh, int threads) {
+                               const float *restrict k, const float *restrict v, const float *restrict probs,
+                               float *restrict dq, float *restrict dk, float *restrict dv, float *restrict workspace,
+                               int64_t B, int64_t H, int64_t KV, int64_t T, int64_t Dh, int threads) {
     int64_t Tp = padded(T), group = H / KV;
+    head_backward_fn kernel = head_backward(Dh);
 #pragma omp parallel num_threads(threads) if (B * KV > 1 && B * H * triangle(T) * Dh >= PARALLEL_MIN)
     {
         float *work = workspace + omp_get_thread_num() * attention_workspace(T, Dh);
@@ -456,13 +471,9 @@ void causal_attention_backward(const float *restrict d_out, const float *restric
             transpose_padded(v + task * T * Dh, v_t, T, Tp, Dh);
             memset(dk_t, 0, sizeof(float) * 2 * Dh * Tp); /* dk_t and dv_t */
             for (int64_t h = kv * group; h < (kv + 1) * group; h++) {
-                int64_t n = b * H + h;
-                const float *g = d_out + (b * T * H + h) * Dh, *o = out + (b * T * H + h) * Dh,
-                            *p = probs + n * triangle(T), *qh = q + n * T * Dh;
-                float *dqh = dq + n * T * Dh;
-                if (Dh == 8) attention_head_backward_8(g, o, H * Dh, qh, k_t, v_t, p, dqh, dk_t, dv_t, T, Tp);
-                if (Dh == 12) attention_head_backward_12(g, o, H * Dh, qh, k_t, v_t, p, dqh, dk_t, dv_t, T, Tp);
-                if (Dh == 16) attention_head_backward_16(g, o, H * Dh, qh, k_t, v_t, p, dqh, dk_t, dv_t, T, Tp);
+                int64_t n = b * H + h, at = (b * T * H + h) * Dh;
+                kernel(d_out + at, out + at, H * Dh, q + n * T * Dh, k_t, v_t, probs + n * triangle(T),
+                       dq + n * T * Dh, dk_t, dv_t, T, Tp);
             }
             for (int64_t j = 0; j < T; j++)
                 for (int64_t d = 0; d < Dh; d++) {
