@@ -263,16 +263,18 @@ void causal_softmax_(float *restrict p, int64_t N, int64_t Tb, int64_t r0, int t
  * P = softmax(q k^T + causal mask) row by row (q already times 1/sqrt(Dh)), O = P V   (Vaswani et al. 2017)
  * backward (the softmax's Jacobian, as in FlashAttention-2, Dao 2023, section 2.2):
  *   dP = dO V^T;  D_i = sum_j P_ij dP_ij = dO_i . O_i;  dS = P (dP - D);  dQ = dS K;  dK = dS^T Q;  dV = P^T dO
- * Only keys j <= i are touched (the masked half of the scores is never computed). Each head's keys and
- * values are first transposed to (Dh, Tp), Tp = T rounded up to 16 and zero past T, so that keys are
- * taken 16 at a time (one AVX-512 vector, two AVX2 or four NEON ones: GCC's vector extension) and a
- * chunk's scores, and the Dh partial sums of P V, dQ, stay in registers across the loop over d. At
- * Dh = 8 this replaces batched matmuls whose inner dimension is 8 (where a GEMM library spends most
- * of its time packing), the separate softmax passes over scores too large for the cache, and the
- * layout copies. The head dim is a compile-time constant (8, 12 or 16: one copy each).
+ * Only keys j <= i are touched (the masked half of the scores is never computed), 16 at a time (one AVX-512
+ * vector, two AVX2 or four NEON ones: GCC's vector extension). The forward takes 16 queries at once, query l in
+ * lane l: the row max, the exp, the row sum and the Dh sums of P V are then lane-wise, with no sums across
+ * lanes; each block's P is transposed in 16 x 16 tiles into the rows the backward reads. The backward takes one
+ * query row at a time with 16 keys in the lanes: its keys and values are transposed to (Dh, Tp), Tp = T rounded
+ * up to 16 and zero past T, and a chunk's dS and the Dh partial sums of dQ stay in registers across the loop
+ * over d. At Dh = 8 this replaces batched matmuls whose inner dimension is 8 (where a GEMM library spends most
+ * of its time packing), the separate softmax passes over scores too large for the cache, and the layout
+ * copies. The head dim is a compile-time constant (8, 12 or 16: one copy each).
  * Grouped-query attention (KV < H key/value heads, query head h reading key/value head h / (H / KV), HF's
- * repeat_kv order) is the same loop: a key/value head is transposed once for its H / KV query heads, and
- * the backward runs a group's query heads in turn on one thread, accumulating its dK, dV without races.
+ * repeat_kv order) is the same loop: the backward transposes a key/value head once for its H / KV query
+ * heads and runs a group's query heads in turn on one thread, accumulating its dK, dV without races.
  * Layouts: q, dq (B, H, T, Dh); k, v, dk, dv (B, KV, T, Dh); out, d_out (B, T, H, Dh) (the output
  * projection's input as it is); probs, when not NULL, the lower triangles of P, query head n = b H + h's
  * row i at n T(T+1)/2 + i(i+1)/2. */
@@ -310,53 +312,114 @@ static inline vec16 max16(vec16 a, vec16 b) {
     return (vec16)(((vec16i)a & more) | ((vec16i)b & ~more));
 }
 
-/* the row's largest lane (compares, not a dependency chain of adds) */
-static inline float lanes_max(vec16 v) {
-    float m = v[0];
-    for (int l = 1; l < CHUNK; l++) m = v[l] > m ? v[l] : m;
-    return m;
+/* the 16 x 16 block m (row r: m[r]) transposed in place: four rounds of swapping the off-diagonal w x w sub-blocks
+ * of every 2w x 2w block (w = 8, 4, 2, 1), each a two-vector shuffle per row pair */
+#if defined(__GNUC__) && !defined(__clang__)
+#define SWAP_BLOCKS(w)                                                                                               \
+    do {                                                                                                             \
+        const vec16i low = {MASK_LOW_##w}, high = {MASK_HIGH_##w};                                                   \
+        _Pragma("GCC unroll 16") for (int r = 0; r < CHUNK; r++) if (!(r & (w))) {                                   \
+            vec16 a = m[r], b = m[r + (w)];                                                                          \
+            m[r] = __builtin_shuffle(a, b, low);                                                                     \
+            m[r + (w)] = __builtin_shuffle(a, b, high);                                                              \
+        }                                                                                                            \
+    } while (0)
+/* lane c of the row pair (a, b) at distance w: low takes a[c] where bit w of c is clear, else b[c - w] (index 16 +
+ * c - w); high takes a[c + w] where it is clear, else b[c] */
+#define MASK_LOW_8 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23
+#define MASK_HIGH_8 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31
+#define MASK_LOW_4 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27
+#define MASK_HIGH_4 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31
+#define MASK_LOW_2 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29
+#define MASK_HIGH_2 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31
+#define MASK_LOW_1 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30
+#define MASK_HIGH_1 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31
+static inline void transpose16(vec16 m[CHUNK]) {
+    SWAP_BLOCKS(8);
+    SWAP_BLOCKS(4);
+    SWAP_BLOCKS(2);
+    SWAP_BLOCKS(1);
+}
+#else
+static inline void transpose16(vec16 m[CHUNK]) {
+    for (int r = 0; r < CHUNK; r++)
+        for (int c = r + 1; c < CHUNK; c++) {
+            float t = m[r][c];
+            m[r][c] = m[c][r];
+            m[c][r] = t;
+        }
+}
+#endif
+
+/* x with the lanes l < t replaced by fill (query i0 + l sees key i0 + t only when l >= t) */
+static inline vec16 keep_from(vec16 x, int64_t t, float fill) {
+    vec16i keep = LANES >= (int32_t)t;
+    vec16 other = (vec16){0} + fill;
+    return (vec16)(((vec16i)x & keep) | ((vec16i)other & ~keep));
 }
 
-/* e_j = exp(row_j - m) in place over the padded width (a multiple of CHUNK); keys past the causal edge, -inf on
- * entry, are set to exactly 0 (exp_f clamps: it would give ~1e-38) */
-static inline void exp_padded(float *restrict row, int64_t n, int64_t width, float m) {
-#pragma omp simd
-    for (int64_t j = 0; j < width; j++) row[j] = exp_f(row[j] - m);
-    store16(row + width - CHUNK, keep_before(load16(row + width - CHUNK), width - CHUNK, n, 0.0f));
+/* P's tile of queries i0 .. i0 + rows - 1 and keys j0 .. j0 + 15 from the block's unnormalised exp s (key j's 16
+ * queries at s + 16 j) times inv, transposed into the rows of the lower triangles (row i at triangle(i)).
+ * Each row takes 16 keys at once, so on the diagonal (j0 = i0) a row's store runs past its end into the next
+ * row's first keys: the caller stores the diagonal tile first and then the tiles left of it, which rewrite those
+ * keys; the block's last row stores only its own keys (past it: another head's row, maybe another thread's). */
+static inline void write_probs_tile(float *restrict probs, const float *restrict s, vec16 inv, int64_t i0,
+                                    int64_t rows, int64_t j0) {
+    vec16 tile[CHUNK];
+    for (int r = 0; r < CHUNK; r++) tile[r] = load16(s + (j0 + r) * CHUNK) * inv;
+    transpose16(tile); /* row l: query i0 + l over keys j0 .. j0 + 15 */
+    for (int64_t l = 0; l < rows - 1; l++) store16(probs + triangle(i0 + l) + j0, tile[l]);
+    float *last = probs + triangle(i0 + rows - 1) + j0;
+    if (j0 == i0)
+        memcpy(last, &tile[rows - 1], (size_t)rows * sizeof(float));
+    else
+        store16(last, tile[rows - 1]);
+}
+
+/* P's rows i0 .. keys - 1: the diagonal tile, then the ones left of it (see write_probs_tile) */
+static inline void write_probs(float *restrict probs, float *restrict s, vec16 inv, int64_t i0, int64_t keys) {
+    for (int64_t j = keys; j < i0 + CHUNK; j++) store16(s + j * CHUNK, (vec16){0}); /* keys past T */
+    write_probs_tile(probs, s, inv, i0, keys - i0, i0);
+    for (int64_t j0 = 0; j0 < i0; j0 += CHUNK) write_probs_tile(probs, s, inv, i0, keys - i0, j0);
 }
 
 #define DBLOCK(DH) ((DH) > 8 ? (DH) / 2 : (DH)) /* the backward's channel block: 8, 6 (DH 12), 8 (DH 16) */
 #define ATTENTION_FIXED(DH)                                                                                      \
-    /* one query head: k_t, v_t its key/value head transposed (DH, Tp); row: Tp floats */                      \
-    static void attention_head_forward_##DH(const float *restrict q, const float *restrict k_t,                 \
-                                            const float *restrict v_t, float *restrict out, int64_t out_stride, \
-                                            float *restrict probs, float *restrict row, int64_t T, int64_t Tp) {\
-        for (int64_t i = 0; i < T; i++) {                                                                        \
-            int64_t n = i + 1, width = (n + CHUNK - 1) / CHUNK * CHUNK;                                          \
-            const float *restrict qi = q + i * DH;                                                               \
-            vec16 top = (vec16){0} - INFINITY;                                                                   \
-            for (int64_t c = 0; c < width; c += CHUNK) {                                                         \
-                vec16 s = {0};                                                                                   \
-                _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) s += qi[d] * load16(k_t + d * Tp + c);     \
-                s = keep_before(s, c, n, -INFINITY);                                                             \
-                store16(row + c, s);                                                                             \
-                top = max16(top, s);                                                                             \
+    /* one query head, 16 queries at a time, query l of the block in lane l: no sums across lanes. q_t (DH, Tp) \
+     * the head's queries transposed; k, v (T, DH) its key/value head; s: Tp x 16 floats, the block's scores   \
+     * (key j's 16 in s + 16 j), then exp, then P */                                                          \
+    static void attention_head_forward_##DH(const float *restrict q_t, const float *restrict k,                 \
+                                            const float *restrict v, float *restrict out, int64_t out_stride,   \
+                                            float *restrict probs, float *restrict s, int64_t T, int64_t Tp) {  \
+        for (int64_t i0 = 0; i0 < T; i0 += CHUNK) {                                                              \
+            int64_t keys = i0 + CHUNK < T ? i0 + CHUNK : T, rows = keys - i0;                                    \
+            vec16 qd[DH], top = (vec16){0} - INFINITY;                                                           \
+            _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) qd[d] = load16(q_t + d * Tp + i0);             \
+            for (int64_t j = 0; j < keys; j++) {                                                                 \
+                vec16 sj = {0};                                                                                  \
+                _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) sj += qd[d] * k[j * DH + d];               \
+                if (j >= i0) sj = keep_from(sj, j - i0, -INFINITY);                                              \
+                store16(s + j * CHUNK, sj);                                                                      \
+                top = max16(top, sj);                                                                            \
             }                                                                                                    \
-            exp_padded(row, n, width, lanes_max(top)); /* unnormalised: O and P are scaled once, below */        \
-            vec16 acc[DH], total = {0};                                                                          \
+            for (int64_t j = 0; j < keys; j++) { /* unnormalised: O and P are scaled once, below */             \
+                float *restrict sj = s + j * CHUNK;                                                              \
+                _Pragma("omp simd") for (int l = 0; l < CHUNK; l++) sj[l] = exp_f(sj[l] - top[l]);               \
+            }                                                                                                    \
+            for (int64_t j = i0; j < keys; j++) /* exactly 0 above the diagonal (exp_f clamps to ~1e-38) */     \
+                store16(s + j * CHUNK, keep_from(load16(s + j * CHUNK), j - i0, 0.0f));                          \
+            vec16 acc[CHUNK], total = {0};                                                                       \
             _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) acc[d] = (vec16){0};                           \
-            for (int64_t c = 0; c < width; c += CHUNK) {                                                         \
-                vec16 e = load16(row + c);                                                                       \
+            for (int64_t j = 0; j < keys; j++) {                                                                 \
+                vec16 e = load16(s + j * CHUNK);                                                                 \
                 total += e;                                                                                      \
-                _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) acc[d] += e * load16(v_t + d * Tp + c);    \
+                _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) acc[d] += e * v[j * DH + d];               \
             }                                                                                                    \
-            float inv = 1.0f / sum16(total);                                                                     \
-            float *restrict oi = out + i * out_stride;                                                           \
-            _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) oi[d] = sum16(acc[d]) * inv;                   \
-            if (probs) {                                                                                         \
-                float *restrict p = probs + triangle(i);                                                         \
-                _Pragma("omp simd") for (int64_t j = 0; j < n; j++) p[j] = row[j] * inv;                         \
-            }                                                                                                    \
+            vec16 inv = 1.0f / total;                                                                            \
+            for (int d = 0; d < CHUNK; d++) acc[d] = d < DH ? acc[d] * inv : (vec16){0};                         \
+            transpose16(acc); /* row l: query i0 + l's output */                                                 \
+            for (int64_t l = 0; l < rows; l++) memcpy(out + (i0 + l) * out_stride, &acc[l], DH * sizeof(float)); \
+            if (probs) write_probs(probs, s, inv, i0, keys);                                                     \
         }                                                                                                        \
     }                                                                                                            \
                                                                                                                  \
@@ -427,7 +490,10 @@ static void transpose_padded(const float *restrict x, float *restrict x_t, int64
 }
 
 /* workspace: threads x attention_workspace(T, Dh) floats, one slice per thread */
-int64_t attention_workspace(int64_t T, int64_t Dh) { return 4 * Dh * padded(T); }
+int64_t attention_workspace(int64_t T, int64_t Dh) {
+    int64_t forward = (Dh + CHUNK) * padded(T), backward = 4 * Dh * padded(T);
+    return forward > backward ? forward : backward;
+}
 
 /* both passes: parallel over (batch, key/value head), each task owning its key/value head and its H / KV query
  * heads; the head dim must be one causal_attention_supports accepts (the Python wrapper checks) */
@@ -439,16 +505,15 @@ void causal_attention_forward(const float *restrict q, const float *restrict k, 
 #pragma omp parallel num_threads(threads) if (B * KV > 1 && B * H * triangle(T) * Dh >= PARALLEL_MIN)
     {
         float *work = workspace + omp_get_thread_num() * attention_workspace(T, Dh);
-        float *k_t = work, *v_t = work + Dh * Tp, *row = work + 2 * Dh * Tp;
+        float *q_t = work, *scores = work + Dh * Tp;
 #pragma omp for schedule(static)
         for (int64_t task = 0; task < B * KV; task++) {
             int64_t b = task / KV, kv = task % KV;
-            transpose_padded(k + task * T * Dh, k_t, T, Tp, Dh);
-            transpose_padded(v + task * T * Dh, v_t, T, Tp, Dh);
             for (int64_t h = kv * group; h < (kv + 1) * group; h++) {
                 int64_t n = b * H + h;
-                kernel(q + n * T * Dh, k_t, v_t, out + (b * T * H + h) * Dh, H * Dh,
-                       probs ? probs + n * triangle(T) : NULL, row, T, Tp);
+                transpose_padded(q + n * T * Dh, q_t, T, Tp, Dh);
+                kernel(q_t, k + task * T * Dh, v + task * T * Dh, out + (b * T * H + h) * Dh, H * Dh,
+                       probs ? probs + n * triangle(T) : NULL, scores, T, Tp);
             }
         }
     }
