@@ -358,6 +358,36 @@ static inline vec16 keep_from(vec16 x, int64_t t, float fill) {
     return (vec16)(((vec16i)x & keep) | ((vec16i)other & ~keep));
 }
 
+/* the (Dh, Tp) transpose of x (T, Dh), zero past T */
+static inline void transpose_padded(const float *restrict x, float *restrict x_t, int64_t T, int64_t Tp, int64_t Dh) {
+    for (int64_t d = 0; d < Dh; d++) {
+        for (int64_t j = 0; j < T; j++) x_t[d * Tp + j] = x[j * Dh + d];
+        for (int64_t j = T; j < Tp; j++) x_t[d * Tp + j] = 0.0f;
+    }
+}
+
+/* transpose_padded with the head dim a constant at the kernels' head dims (memcpy of Dh floats inlined) */
+static void transpose_head(const float *restrict x, float *restrict x_t, int64_t T, int64_t Tp, int64_t Dh) {
+    switch (Dh) {
+    case 8: transpose_padded(x, x_t, T, Tp, 8); break;
+    case 12: transpose_padded(x, x_t, T, Tp, 12); break;
+    case 16: transpose_padded(x, x_t, T, Tp, 16); break;
+    default: transpose_padded(x, x_t, T, Tp, Dh);
+    }
+}
+
+/* rows c .. c + 15 (those below T) of x (T, Dh) += the transpose of cols (Dh vectors, channel d of those 16 rows) */
+static inline void add_columns_to_rows(const vec16 *restrict cols, float *restrict x, int64_t c, int64_t T,
+                                       int64_t Dh) {
+    vec16 tile[CHUNK];
+    for (int64_t d = 0; d < CHUNK; d++) tile[d] = d < Dh ? cols[d] : (vec16){0};
+    transpose16(tile); /* row r: row c + r's Dh channels */
+    for (int64_t r = 0; r < CHUNK && c + r < T; r++) {
+        float *restrict row = x + (c + r) * Dh;
+        for (int64_t d = 0; d < Dh; d++) row[d] += tile[r][d];
+    }
+}
+
 /* P's tile of queries i0 .. i0 + rows - 1 and keys j0 .. j0 + 15 from the block's unnormalised exp s (key j's 16
  * queries at s + 16 j) times inv, transposed into the rows of the lower triangles (row i at triangle(i)).
  * Each row takes 16 keys at once, so on the diagonal (j0 = i0) a row's store runs past its end into the next
@@ -383,7 +413,6 @@ static inline void write_probs(float *restrict probs, float *restrict s, vec16 i
     for (int64_t j0 = 0; j0 < i0; j0 += CHUNK) write_probs_tile(probs, s, inv, i0, keys - i0, j0);
 }
 
-#define DBLOCK(DH) ((DH) > 8 ? (DH) / 2 : (DH)) /* the backward's channel block: 8, 6 (DH 12), 8 (DH 16) */
 #define ATTENTION_FIXED(DH)                                                                                      \
     /* one query head, 16 queries at a time, query l of the block in lane l: no sums across lanes. q_t (DH, Tp) \
      * the head's queries transposed; k, v (T, DH) its key/value head; s: Tp x 16 floats, the block's scores   \
@@ -423,36 +452,50 @@ static inline void write_probs(float *restrict probs, float *restrict s, vec16 i
         }                                                                                                        \
     }                                                                                                            \
                                                                                                                  \
-    /* one query head: writes its dq, adds its share of dK, dV to dk_t, dv_t (DH, Tp); dp: Tp floats */         \
+    /* one query head: writes its dq, adds its share of dK, dV to dk, dv (T, DH); ds: the lower triangle of     \
+     * its dS (as probs) plus CHUNK floats. Rows first (16 keys in the lanes): dS, and dQ in registers, summed    \
+     * across lanes once a row; then key chunks (dK, dV in registers over the rows that see them, added to dk, \
+     * dv once a chunk through a tile transpose) */                                                           \
     static void attention_head_backward_##DH(const float *restrict d_out, const float *restrict out,             \
                                              int64_t stride, const float *restrict q, const float *restrict k_t, \
                                              const float *restrict v_t, const float *restrict probs,             \
-                                             float *restrict dq, float *restrict dk_t, float *restrict dv_t,     \
-                                             int64_t T, int64_t Tp) {                                            \
+                                             float *restrict dq, float *restrict dk, float *restrict dv,         \
+                                             float *restrict ds, int64_t T, int64_t Tp) {                        \
         for (int64_t i = 0; i < T; i++) {                                                                        \
             int64_t n = i + 1, width = (n + CHUNK - 1) / CHUNK * CHUNK;                                          \
-            const float *restrict g = d_out + i * stride, *restrict oi = out + i * stride, *restrict qi = q + i * DH;\
+            const float *restrict g = d_out + i * stride, *restrict oi = out + i * stride;                       \
             const float *restrict p_row = probs + triangle(i); /* read to width: CHUNK floats of slack at the end */\
+            float *restrict ds_row = ds + triangle(i); /* a store past the row's end: the next row's, made later */\
             float D = 0.0f; /* sum_j P_ij dP_ij = dO_i . O_i (FlashAttention-2): no pass over the keys */        \
             for (int d = 0; d < DH; d++) D += g[d] * oi[d];                                                      \
-            /* channels in blocks of at most 8, so a block's dq sums and broadcasts stay in registers */         \
-            for (int d0 = 0; d0 < DH; d0 += DBLOCK(DH)) {                                                        \
-                vec16 acc[DBLOCK(DH)];                                                                           \
-                _Pragma("GCC unroll 8") for (int d = 0; d < DBLOCK(DH); d++) acc[d] = (vec16){0};                \
-                for (int64_t c = 0; c < width; c += CHUNK) {                                                     \
-                    vec16 dp = {0};                                                                              \
-                    _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) dp += g[d] * load16(v_t + d * Tp + c); \
-                    vec16 p = keep_before(load16(p_row + c), c, n, 0.0f), ds = p * (dp - D);                     \
-                    _Pragma("GCC unroll 8") for (int d = 0; d < DBLOCK(DH); d++) {                               \
-                        int64_t at = (d0 + d) * Tp + c;                                                          \
-                        acc[d] += ds * load16(k_t + at);                                                         \
-                        store16(dk_t + at, load16(dk_t + at) + ds * qi[d0 + d]);                                 \
-                        store16(dv_t + at, load16(dv_t + at) + p * g[d0 + d]);                                   \
-                    }                                                                                            \
-                }                                                                                                \
-                _Pragma("GCC unroll 8")                                                                          \
-                for (int d = 0; d < DBLOCK(DH); d++) dq[i * DH + d0 + d] = sum16(acc[d]);                        \
+            vec16 acc[DH];                                                                                       \
+            _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) acc[d] = (vec16){0};                           \
+            for (int64_t c = 0; c < width; c += CHUNK) {                                                         \
+                vec16 dp = {0};                                                                                  \
+                _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) dp += g[d] * load16(v_t + d * Tp + c);     \
+                vec16 dsc = keep_before(load16(p_row + c), c, n, 0.0f) * (dp - D);                               \
+                store16(ds_row + c, dsc);                                                                        \
+                _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) acc[d] += dsc * load16(k_t + d * Tp + c);  \
             }                                                                                                    \
+            _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) dq[i * DH + d] = sum16(acc[d]);                \
+        }                                                                                                        \
+        for (int64_t c = 0; c < T; c += CHUNK) { /* rows i >= c see keys c ..; below c + 15 only some of them */ \
+            vec16 dkc[DH], dvc[DH];                                                                              \
+            _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) dkc[d] = (vec16){0};                           \
+            for (int64_t i = c; i < T; i++) {                                                                    \
+                vec16 dsc = load16(ds + triangle(i) + c);                                                        \
+                if (i < c + CHUNK - 1) dsc = keep_before(dsc, c, i + 1, 0.0f);                                   \
+                _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) dkc[d] += dsc * q[i * DH + d];             \
+            }                                                                                                    \
+            add_columns_to_rows(dkc, dk, c, T, DH);                                                              \
+            _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) dvc[d] = (vec16){0};                           \
+            for (int64_t i = c; i < T; i++) {                                                                    \
+                vec16 p = load16(probs + triangle(i) + c);                                                       \
+                if (i < c + CHUNK - 1) p = keep_before(p, c, i + 1, 0.0f);                                       \
+                const float *restrict g = d_out + i * stride;                                                    \
+                _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) dvc[d] += p * g[d];                        \
+            }                                                                                                    \
+            add_columns_to_rows(dvc, dv, c, T, DH);                                                              \
         }                                                                                                        \
     }
 
@@ -464,7 +507,7 @@ ATTENTION_FIXED(16)
 typedef void (*head_forward_fn)(const float *, const float *, const float *, float *, int64_t, float *, float *,
                                 int64_t, int64_t);
 typedef void (*head_backward_fn)(const float *, const float *, int64_t, const float *, const float *, const float *,
-                                 const float *, float *, float *, float *, int64_t, int64_t);
+                                 const float *, float *, float *, float *, float *, int64_t, int64_t);
 
 /* the per-head kernels for this head dim, NULL where there is none */
 static head_forward_fn head_forward(int64_t Dh) {
@@ -481,17 +524,10 @@ int causal_attention_supports(int64_t Dh) { return head_forward(Dh) != NULL; }
 
 static inline int64_t padded(int64_t T) { return (T + CHUNK - 1) / CHUNK * CHUNK; }
 
-/* the (Dh, Tp) transpose of x (T, Dh), zero past T */
-static void transpose_padded(const float *restrict x, float *restrict x_t, int64_t T, int64_t Tp, int64_t Dh) {
-    for (int64_t d = 0; d < Dh; d++) {
-        for (int64_t j = 0; j < T; j++) x_t[d * Tp + j] = x[j * Dh + d];
-        for (int64_t j = T; j < Tp; j++) x_t[d * Tp + j] = 0.0f;
-    }
-}
 
 /* workspace: threads x attention_workspace(T, Dh) floats, one slice per thread */
 int64_t attention_workspace(int64_t T, int64_t Dh) {
-    int64_t forward = (Dh + CHUNK) * padded(T), backward = 4 * Dh * padded(T);
+    int64_t forward = (Dh + CHUNK) * padded(T), backward = 2 * Dh * padded(T) + triangle(T) + CHUNK;
     return forward > backward ? forward : backward;
 }
 
@@ -511,7 +547,7 @@ void causal_attention_forward(const float *restrict q, const float *restrict k, 
             int64_t b = task / KV, kv = task % KV;
             for (int64_t h = kv * group; h < (kv + 1) * group; h++) {
                 int64_t n = b * H + h;
-                transpose_padded(q + n * T * Dh, q_t, T, Tp, Dh);
+                transpose_head(q + n * T * Dh, q_t, T, Tp, Dh);
                 kernel(q_t, k + task * T * Dh, v + task * T * Dh, out + (b * T * H + h) * Dh, H * Dh,
                        probs ? probs + n * triangle(T) : NULL, scores, T, Tp);
             }
@@ -528,23 +564,19 @@ void causal_attention_backward(const float *restrict d_out, const float *restric
 #pragma omp parallel num_threads(threads) if (B * KV > 1 && B * H * triangle(T) * Dh >= PARALLEL_MIN)
     {
         float *work = workspace + omp_get_thread_num() * attention_workspace(T, Dh);
-        float *k_t = work, *v_t = work + Dh * Tp, *dk_t = work + 2 * Dh * Tp, *dv_t = work + 3 * Dh * Tp;
+        float *k_t = work, *v_t = work + Dh * Tp, *ds = work + 2 * Dh * Tp;
 #pragma omp for schedule(static)
         for (int64_t task = 0; task < B * KV; task++) {
             int64_t b = task / KV, kv = task % KV;
-            transpose_padded(k + task * T * Dh, k_t, T, Tp, Dh);
-            transpose_padded(v + task * T * Dh, v_t, T, Tp, Dh);
-            memset(dk_t, 0, sizeof(float) * 2 * Dh * Tp); /* dk_t and dv_t */
+            transpose_head(k + task * T * Dh, k_t, T, Tp, Dh);
+            transpose_head(v + task * T * Dh, v_t, T, Tp, Dh);
+            memset(dk + task * T * Dh, 0, sizeof(float) * T * Dh);
+            memset(dv + task * T * Dh, 0, sizeof(float) * T * Dh);
             for (int64_t h = kv * group; h < (kv + 1) * group; h++) {
                 int64_t n = b * H + h, at = (b * T * H + h) * Dh;
                 kernel(d_out + at, out + at, H * Dh, q + n * T * Dh, k_t, v_t, probs + n * triangle(T),
-                       dq + n * T * Dh, dk_t, dv_t, T, Tp);
+                       dq + n * T * Dh, dk + task * T * Dh, dv + task * T * Dh, ds, T, Tp);
             }
-            for (int64_t j = 0; j < T; j++)
-                for (int64_t d = 0; d < Dh; d++) {
-                    dk[(task * T + j) * Dh + d] = dk_t[d * Tp + j];
-                    dv[(task * T + j) * Dh + d] = dv_t[d * Tp + j];
-                }
         }
     }
 }
