@@ -139,8 +139,8 @@ void rmsnorm_backward(const float *restrict dy, const float *restrict x, const f
  * multiplied by q_scale, the attention's 1/sqrt(Dh), which saves a pass over q), v copied. cos, sin: (T, half) with half = rot_dim / 2; channel i < half pairs with i + half
  * (HF LLaMA rotate_half): o_i = x_i cos - x_{i+half} sin, o_{i+half} = x_{i+half} cos + x_i sin.
  * Channels from 2 half on (odd head dims) are copied.                     (Su et al. 2021) */
-static inline void rotate_row(const float *restrict x, float *restrict o, const float *restrict c,
-                              const float *restrict s, int64_t half, int64_t Dh, float sign, float scale) {
+static inline void rotate_row_any(const float *restrict x, float *restrict o, const float *restrict c,
+                                  const float *restrict s, int64_t half, int64_t Dh, float sign, float scale) {
 #pragma omp simd
     for (int64_t i = 0; i < half; i++) {
         float x1 = scale * x[i], x2 = scale * x[i + half];
@@ -148,6 +148,33 @@ static inline void rotate_row(const float *restrict x, float *restrict o, const 
         o[i + half] = x2 * c[i] + sign * x1 * s[i];
     }
     for (int64_t i = 2 * half; i < Dh; i++) o[i] = scale * x[i];
+}
+
+/* rotate_row with Dh and half compile-time constants at the small head dims (full rotation): rows of 8-32 floats,
+ * where a loop with run-time bounds costs about as much as the rotation itself */
+static inline void rotate_row(const float *restrict x, float *restrict o, const float *restrict c,
+                              const float *restrict s, int64_t half, int64_t Dh, float sign, float scale) {
+    if (2 * half == Dh) switch (Dh) {
+        case 8: rotate_row_any(x, o, c, s, 4, 8, sign, scale); return;
+        case 12: rotate_row_any(x, o, c, s, 6, 12, sign, scale); return;
+        case 16: rotate_row_any(x, o, c, s, 8, 16, sign, scale); return;
+        case 24: rotate_row_any(x, o, c, s, 12, 24, sign, scale); return;
+        case 32: rotate_row_any(x, o, c, s, 16, 32, sign, scale); return;
+        }
+    rotate_row_any(x, o, c, s, half, Dh, sign, scale);
+}
+
+/* o = x over Dh floats; a constant size at the small head dims, which the compiler turns into a few vector moves
+ * instead of a library call */
+static inline void copy_row(float *restrict o, const float *restrict x, int64_t Dh) {
+    switch (Dh) {
+    case 8: memcpy(o, x, 8 * sizeof(float)); return;
+    case 12: memcpy(o, x, 12 * sizeof(float)); return;
+    case 16: memcpy(o, x, 16 * sizeof(float)); return;
+    case 24: memcpy(o, x, 24 * sizeof(float)); return;
+    case 32: memcpy(o, x, 32 * sizeof(float)); return;
+    }
+    memcpy(o, x, (size_t)Dh * sizeof(float));
 }
 
 void rope_qkv_forward(const float *restrict qkv, const float *restrict cos_t, const float *restrict sin_t,
@@ -163,7 +190,7 @@ void rope_qkv_forward(const float *restrict qkv, const float *restrict cos_t, co
                     const float *x = qkv + (((b * T + t) * 3 + s) * H + h) * Dh;
                     float *o = out + (((s * B + b) * H + h) * T + t) * Dh;
                     if (s == 2)
-                        memcpy(o, x, (size_t)Dh * sizeof(float));
+                        copy_row(o, x, Dh);
                     else
                         rotate_row(x, o, cos_t + t * half, sin_t + t * half, half, Dh, 1.0f, s == 0 ? q_scale : 1.0f);
                 }
@@ -183,7 +210,7 @@ void rope_qkv_backward(const float *restrict dq, const float *restrict dk, const
                     const float *g = src + ((b * H + h) * T + t) * Dh;
                     float *o = grad + (((b * T + t) * 3 + s) * H + h) * Dh;
                     if (s == 2)
-                        memcpy(o, g, (size_t)Dh * sizeof(float));
+                        copy_row(o, g, Dh);
                     else
                         rotate_row(g, o, cos_t + t * half, sin_t + t * half, half, Dh, -1.0f, s == 0 ? q_scale : 1.0f);
                 }
@@ -207,7 +234,7 @@ void rope_qkv_grouped_forward(const float *restrict qkv, const float *restrict c
             for (int64_t h = 0; h < KV; h++)
                 rotate_row(row + (H + h) * Dh, ok + ((b * KV + h) * T + t) * Dh, c, s, half, Dh, 1.0f, 1.0f);
             for (int64_t h = 0; h < KV; h++)
-                memcpy(ov + ((b * KV + h) * T + t) * Dh, row + (H + KV + h) * Dh, (size_t)Dh * sizeof(float));
+                copy_row(ov + ((b * KV + h) * T + t) * Dh, row + (H + KV + h) * Dh, Dh);
         }
 }
 
@@ -228,7 +255,7 @@ void rope_qkv_grouped_backward(const float *restrict dq, const float *restrict d
             for (int64_t h = 0; h < KV; h++)
                 rotate_row(dk + ((b * KV + h) * T + t) * Dh, row + (H + h) * Dh, c, s, half, Dh, -1.0f, 1.0f);
             for (int64_t h = 0; h < KV; h++)
-                memcpy(row + (H + KV + h) * Dh, dv + ((b * KV + h) * T + t) * Dh, (size_t)Dh * sizeof(float));
+                copy_row(row + (H + KV + h) * Dh, dv + ((b * KV + h) * T + t) * Dh, Dh);
         }
 }
 
