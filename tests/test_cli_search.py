@@ -261,21 +261,28 @@ def test_progress_compares_the_best_shapes_mean_over_seeds_with_the_baselines_me
 
 
 def test_progress_estimates_the_time_left_from_the_trainings_after_each_workers_first_then_once_only():
-    """The estimate is the time between trainings ending, all workers together, once each worker's first (its
-    one-off start: imports, first touch of memory) is past: here 2 workers whose first trainings end at 9 and 10 s
-    (8 s a trial each, one-off included), then one every 2.5 s; duplicates do not count."""
+    """The estimate is the median training of the four after each worker's first (its one-off start: imports, first
+    touch of memory), shared by the workers: here 2 workers whose first trainings took 8 s, then 5.0, 5.2, 9.0 (one
+    slow: a mean would say 6.05) and 4.8 s, so 5.1 s a trial each, 2.55 s for both; duplicates and trainings after
+    the estimate do not count."""
     baseline = uniform(4, 32, 4, 256)
     stream = io.StringIO()
-    clock = iter([0.0, 9.0, 10.0, 10.5, 12.5, 15.0, 17.5, 20.0, 22.5, 25.0])
-    progress = Progress(workers=2, stream=stream, clock=lambda: next(clock))
-    states = ["complete", "complete", "duplicate", "complete", "complete", "complete", "complete", "pruned", "complete"]
-    for i, state in enumerate(states):
-        progress(TrialEvent(i, "member", baseline, 0, state, 3.4, 4.0, i + 1, 20, None, None))
+    progress = Progress(workers=2, stream=stream, clock=iter(range(100)).__next__)
+    events = [("complete", 8.0), ("complete", 8.0), ("duplicate", 0.1), ("complete", 5.0), ("complete", 5.2),
+              ("pruned", 9.0), ("complete", 4.8), ("complete", 1.0), ("complete", 1.0)]
+    for i, (state, wall) in enumerate(events):
+        progress(TrialEvent(i, "member", baseline, 0, state, 3.4, wall, i + 1, 20, None, None))
     estimates = [line for line in stream.getvalue().splitlines() if line.startswith("estimate: ")]
-    # trainings 3-6 end at 12.5, 15, 17.5 and 20 s: 10 s past the warm-up's 10 s, 2.5 s a trial; 13 trials left
-    assert estimates == ["estimate: a trial every 2.5 s (the 2 workers together, over this run's trainings 3-6 on "
-                         "this machine: each worker's first, with its one-off start, left out): the 13 trials left "
-                         "take about 0m32s"]
+    # printed after the 7th event: 13 trials left at 2.55 s
+    assert estimates == ["estimate: a trial every 2.5 s (the median of this run's trainings 3-6 on this machine, "
+                         "over 2 workers: each worker's first, with its one-off start, left out): the 13 trials left "
+                         "take about 0m33s"]
+    single = io.StringIO()
+    progress = Progress(workers=1, stream=single, clock=iter(range(100)).__next__)
+    for i, wall in enumerate([9.0, 3.0, 3.0, 30.0, 3.2]):
+        progress(TrialEvent(i, "member", baseline, 0, "complete", 3.4, wall, i + 1, 10, None, None))
+    assert "estimate: a trial every 3.1 s (the median of this run's trainings 2-5 on this machine: each worker's " \
+           "first, with its one-off start, left out): the 5 trials left take about 0m15s" in single.getvalue()
 
 
 def test_a_resumed_search_estimates_the_time_left_from_its_stored_trials_in_its_first_line():

@@ -25,13 +25,13 @@ def estimate_text(seconds_per_trial: float, left: int, workers: int, source: str
 
 
 def rate_text(seconds_per_trial: float, left: int, workers: int, trainings: int) -> str:
-    """``a trial every 2.1 s (the 2 workers together, over this run's trainings 3-6: each worker's first left out),
-    the 194 trials left take about 6m47s``."""
-    together = f"the {workers} workers together" if workers > 1 else "1 worker"
+    """``a trial every 1.6 s (the median of this run's trainings 3-6 on this machine, over 2 workers: ...), the 194
+    trials left take about 5m10s``."""
+    over = f", over {workers} workers" if workers > 1 else ""
     first = workers + 1
-    return (f"a trial every {seconds_per_trial:.1f} s ({together}, over this run's trainings {first}-"
-            f"{first + trainings - 1} on this machine: each worker's first, with its one-off start, left out): the "
-            f"{left} trials left take about {format_duration(seconds_per_trial * left)}")
+    return (f"a trial every {seconds_per_trial:.1f} s (the median of this run's trainings {first}-"
+            f"{first + trainings - 1} on this machine{over}: each worker's first, with its one-off start, left out): "
+            f"the {left} trials left take about {format_duration(seconds_per_trial * left)}")
 
 
 def placement_text(placements: list) -> str:
@@ -55,7 +55,7 @@ class Progress:
         self.stream, self.workers, self.clock = stream or sys.stderr, workers, clock
         self.started = clock()
         self.first_counted: int | None = None
-        self.arrivals: list[float] = []  # when this run's trainings ended, until the estimate is printed
+        self.walls: list[float] = []  # this run's trainings' wall times, in the order they ended, until the estimate
         self.estimated = False
         self.notes_shown = 0  # the search's notes already printed (at the start: a resumed study's policy)
 
@@ -92,7 +92,7 @@ class Progress:
         if self.first_counted is None:
             self.first_counted = e.counted - (e.state not in ("duplicate", "error", "interrupted", "surplus"))
         if e.state in TRAINED_STATES and not self.estimated:
-            self.arrivals.append(now)
+            self.walls.append(e.wall_time_s)
         value = f"loss {e.value:.4f}" if e.value is not None else e.state
         line = f"[{e.counted:>{len(str(e.target))}}/{e.target}] #{e.number} {e.role:<9} {e.arch.label()} "
         line += f"seed {e.seed} on {e.device}: "
@@ -109,19 +109,20 @@ class Progress:
             line += f" | ETA {format_duration(rate * (e.target - e.counted))}"
         self.print(line)
         left = e.target - e.counted
-        if self.estimated or not self.arrivals:
+        if self.estimated or not self.walls:
             return
         # the first ``workers`` trainings to end stand for each worker's first (a fast pruned trial may end before a
-        # slow worker's first: the estimate then starts a little early, and counts a little of a one-off start)
-        warm = self.arrivals[self.workers - 1] if len(self.arrivals) >= self.workers else None
-        measured = len(self.arrivals) - self.workers
+        # slow worker's first: the estimate then counts a little of a one-off start)
+        measured = self.walls[self.workers:]
         if left <= 0:
             self.estimated = True
-        elif warm is not None and measured >= ESTIMATE_AFTER:
-            # the time between trainings ending, for all workers together: every cost of a trial (its storage, its
-            # planning, its evaluations) and none of a worker's one-off start (imports, first touch of memory)
+        elif len(measured) >= ESTIMATE_AFTER:
+            # the median training, not the mean: one slow early training (a shape's first kernels, a disk cache being
+            # filled) moved the mean of four by +16 % in a 200-trial run; the time between trainings (storage,
+            # sampler: 1-2 % in benchmarks.main_job) is left out
             self.estimated = True
-            self.print("estimate: " + rate_text((self.arrivals[-1] - warm) / measured, left, self.workers, measured))
+            per_trial = median(measured[:ESTIMATE_AFTER]) / self.workers
+            self.print("estimate: " + rate_text(per_trial, left, self.workers, ESTIMATE_AFTER))
 
     def print(self, line: str) -> None:
         print(line, file=self.stream, flush=True)
