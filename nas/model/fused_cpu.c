@@ -150,31 +150,30 @@ static inline void rotate_row_any(const float *restrict x, float *restrict o, co
     for (int64_t i = 2 * half; i < Dh; i++) o[i] = scale * x[i];
 }
 
-/* rotate_row with Dh and half compile-time constants at the small head dims (full rotation): rows of 8-32 floats,
- * where a loop with run-time bounds costs about as much as the rotation itself */
+/* STMT with dh the head dim Dh, a compile-time constant at the small head dims (8-32): their rows are so short
+ * that a loop with run-time bounds, or a library memcpy call, costs about as much as the work itself */
+#define WITH_CONSTANT_HEAD_DIM(Dh, STMT)                                                                            \
+    switch (Dh) {                                                                                                  \
+    case 8: { const int64_t dh = 8; STMT; } break;                                                                 \
+    case 12: { const int64_t dh = 12; STMT; } break;                                                               \
+    case 16: { const int64_t dh = 16; STMT; } break;                                                               \
+    case 24: { const int64_t dh = 24; STMT; } break;                                                               \
+    case 32: { const int64_t dh = 32; STMT; } break;                                                               \
+    default: { const int64_t dh = (Dh); STMT; }                                                                    \
+    }
+
 static inline void rotate_row(const float *restrict x, float *restrict o, const float *restrict c,
                               const float *restrict s, int64_t half, int64_t Dh, float sign, float scale) {
-    if (2 * half == Dh) switch (Dh) {
-        case 8: rotate_row_any(x, o, c, s, 4, 8, sign, scale); return;
-        case 12: rotate_row_any(x, o, c, s, 6, 12, sign, scale); return;
-        case 16: rotate_row_any(x, o, c, s, 8, 16, sign, scale); return;
-        case 24: rotate_row_any(x, o, c, s, 12, 24, sign, scale); return;
-        case 32: rotate_row_any(x, o, c, s, 16, 32, sign, scale); return;
-        }
-    rotate_row_any(x, o, c, s, half, Dh, sign, scale);
+    if (2 * half == Dh) {
+        WITH_CONSTANT_HEAD_DIM(Dh, rotate_row_any(x, o, c, s, dh / 2, dh, sign, scale))
+    } else {
+        rotate_row_any(x, o, c, s, half, Dh, sign, scale);
+    }
 }
 
-/* o = x over Dh floats; a constant size at the small head dims, which the compiler turns into a few vector moves
- * instead of a library call */
+/* o = x over Dh floats */
 static inline void copy_row(float *restrict o, const float *restrict x, int64_t Dh) {
-    switch (Dh) {
-    case 8: memcpy(o, x, 8 * sizeof(float)); return;
-    case 12: memcpy(o, x, 12 * sizeof(float)); return;
-    case 16: memcpy(o, x, 16 * sizeof(float)); return;
-    case 24: memcpy(o, x, 24 * sizeof(float)); return;
-    case 32: memcpy(o, x, 32 * sizeof(float)); return;
-    }
-    memcpy(o, x, (size_t)Dh * sizeof(float));
+    WITH_CONSTANT_HEAD_DIM(Dh, memcpy(o, x, (size_t)dh * sizeof(float)))
 }
 
 void rope_qkv_forward(const float *restrict qkv, const float *restrict cos_t, const float *restrict sin_t,
@@ -393,14 +392,9 @@ static inline void transpose_padded(const float *restrict x, float *restrict x_t
     }
 }
 
-/* transpose_padded with the head dim a constant at the kernels' head dims (memcpy of Dh floats inlined) */
+/* transpose_padded, its loops at a constant head dim where the kernels have one */
 static void transpose_head(const float *restrict x, float *restrict x_t, int64_t T, int64_t Tp, int64_t Dh) {
-    switch (Dh) {
-    case 8: transpose_padded(x, x_t, T, Tp, 8); break;
-    case 12: transpose_padded(x, x_t, T, Tp, 12); break;
-    case 16: transpose_padded(x, x_t, T, Tp, 16); break;
-    default: transpose_padded(x, x_t, T, Tp, Dh);
-    }
+    WITH_CONSTANT_HEAD_DIM(Dh, transpose_padded(x, x_t, T, Tp, dh))
 }
 
 /* rows c .. c + 15 (those below T) of x (T, Dh) += the transpose of cols (Dh vectors, channel d of those 16 rows) */
