@@ -5,7 +5,7 @@
 rounds):
 
 - *kernels*: one attention layer's forward + backward at the default proxy's batch (B 4, T 128) and width (96
-  channels: H = 96 / Dh heads), every head dim with a fused kernel and one without (24: the blocked path, for
+  channels: H = 96 / Dh heads), every head dim with a fused kernel and one without (48: the blocked path, for
   scale), at 1 thread (a search's worker) and at every core (``nas train``); and grouped-query attention at head
   dim 8 (4 query heads a key/value head) against ``GroupedBlockedCausalAttention``;
 - *steps*: a full proxy training step (forward, backward, clip, fused AdamW) of three ``cpu``-preset shapes, the
@@ -32,7 +32,7 @@ from typing import Any
 
 OUT = Path(__file__).parent / "data" / "fused_attention.json"
 # (head dim, query heads per key/value head): multi-head at each head dim, grouped-query (4 per key/value head) at 8
-KERNELS = ((8, 1), (12, 1), (16, 1), (24, 1), (8, 4))
+KERNELS = ((8, 1), (12, 1), (16, 1), (24, 1), (32, 1), (48, 1), (8, 4))
 STEP_SHAPES = {"uniform 12 heads": (12,) * 12, "staircase 1-12": (1, 1, 2, 2, 4, 4, 6, 6, 8, 8, 12, 12),
                "staircase 4-12": (4, 4, 4, 6, 6, 6, 8, 8, 8, 12, 12, 12)}
 
@@ -105,7 +105,7 @@ def measure(smoke: bool) -> dict[str, Any]:
     kernels = []
     for threads in sorted({1, available_cores()}):
         torch.set_num_threads(threads)
-        for head_dim, group in KERNELS if not smoke else ((8, 1), (8, 4), (24, 1)):
+        for head_dim, group in KERNELS if not smoke else ((8, 1), (8, 4), (48, 1)):
             reference = repeated(attention_layer(batch, seq_len, width, head_dim, False, group), 10)
             row = {"threads": threads, "head dim": head_dim, "group": group}
             if head_dim not in FUSED_ATTENTION_HEAD_DIMS:

@@ -175,9 +175,9 @@ def test_fused_attention_benchmark_smoke_writes_kernel_and_step_ratios(tmp_path)
     assert fused_attention.main(["--smoke", "--noise", "--out", str(out)]) == 0
     data = json.loads(out.read_text())
     assert data["smoke"] and data["peak_gflops"] > 0 and data["machine"]["cpu"]
-    assert {(row["head dim"], row["group"]) for row in data["kernels"]} == {(8, 1), (8, 4), (24, 1)}
+    assert {(row["head dim"], row["group"]) for row in data["kernels"]} == {(8, 1), (8, 4), (48, 1)}
     for row in data["kernels"]:
-        assert (row["ratio"] is None) == (row["head dim"] == 24)
+        assert (row["ratio"] is None) == (row["head dim"] == 48)
         assert row["ratio"] is None or row["ratio"] > 0
     assert [row["shape"] for row in data["steps"]] == list(fused_attention.STEP_SHAPES)
     assert all(row["ratio"] > 0 and row["fused tokens/s"] > 0 for row in data["steps"])

@@ -97,9 +97,9 @@ def _reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> t
 
 @pytest.mark.parametrize("batch,heads,kv,seq,head_dim", [
     (1, 1, 1, 1, 8), (2, 3, 3, 5, 8), (1, 2, 2, 16, 12), (2, 2, 2, 17, 16), (4, 12, 12, 128, 8), (1, 6, 6, 200, 16),
-    (3, 8, 8, 37, 12),
-    # grouped-query: 12 query heads on 4 and on 1 key/value heads, 6 on 2 at head dim 16
-    (2, 12, 4, 40, 8), (3, 12, 1, 33, 8), (1, 6, 2, 50, 16)])
+    (3, 8, 8, 37, 12), (2, 4, 4, 37, 24), (1, 3, 3, 130, 32),
+    # grouped-query: 12 query heads on 4 and on 1 key/value heads, 6 on 2 at head dim 16, 4 on 2 at 32
+    (2, 12, 4, 40, 8), (3, 12, 1, 33, 8), (1, 6, 2, 50, 16), (2, 4, 2, 21, 32)])
 def test_fused_attention_matches_float64_attention_and_its_gradients(batch, heads, kv, seq, head_dim,
                                                                      threads) -> None:
     """FusedCausalAttention at every head dim it has a kernel for, multi-head and grouped, contexts on and off its
@@ -109,7 +109,7 @@ def test_fused_attention_matches_float64_attention_and_its_gradients(batch, head
     from nas.model.kernels import apply_function
 
     torch.manual_seed(5)
-    q64 = torch.randn(batch, heads, seq, head_dim, dtype=torch.float64)
+    q64 = torch.randn(batch, heads, seq, head_dim, dtype=torch.float64) * head_dim ** -0.5  # as the model scales q
     k64, v64 = (torch.randn(batch, kv, seq, head_dim, dtype=torch.float64) for _ in range(2))
     q, k, v = (t.float().requires_grad_() for t in (q64, k64, v64))
     out = FusedCausalAttention.apply(q, k, v)  # (B, T, H, Dh)
@@ -137,22 +137,22 @@ def test_fused_attention_reads_strided_inputs_as_their_values() -> None:
 
 def test_fused_attention_refuses_a_head_dim_without_a_kernel() -> None:
     """The C side computes nothing for an unsupported head dim: the wrapper refuses rather than return garbage."""
-    q = torch.zeros(1, 2, 4, 24)
+    q = torch.zeros(1, 2, 4, 48)
     with pytest.raises(ValueError, match="no fused attention"):
         fused_cpu.causal_attention_forward(q, q, q, keep_probs=False)
 
 
 def test_the_model_takes_fused_attention_where_it_has_a_kernel() -> None:
-    """Head dims 8, 12, 16 in fp32 on CPU take FusedCausalAttention, grouped or not; 24, fp64 and autocast do not."""
+    """Head dims 8 to 32 in fp32 on CPU take FusedCausalAttention, grouped or not; 48, fp64 and autocast do not."""
     from nas.model.attention_kernels import use_fused_attention
 
-    for head_dim, taken in ((8, True), (12, True), (16, True), (24, False)):
+    for head_dim, taken in ((8, True), (12, True), (16, True), (24, True), (32, True), (48, False)):
         assert use_fused_attention(torch.zeros(2, 3, 64, head_dim)) is taken
     assert not use_fused_attention(torch.zeros(2, 3, 64, 8, dtype=torch.float64))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert not use_fused_attention(torch.zeros(2, 3, 64, 8))
-    arch = ArchConfig(n_layers=3, d_model=96, heads=(12, 4, 12), ffn=FFNShape(1, 64), vocab_size=50,
-                      kv_heads=(12, 4, 3))
+    arch = ArchConfig(n_layers=3, d_model=96, heads=(12, 2, 12), ffn=FFNShape(1, 64), vocab_size=50,
+                      kv_heads=(12, 2, 3))
     model = Transformer(arch)
     loss = model(torch.randint(0, 50, (2, 20)), torch.randint(0, 50, (2, 20)))
     nodes, stack = set(), [loss.grad_fn]

@@ -2,7 +2,7 @@
 
 - ``BlockedCausalAttention``: exact causal attention by batched matmuls over query blocks (CPU, T <= 512);
   ``GroupedBlockedCausalAttention`` the same with each key/value head shared by a group of query heads;
-- ``FusedCausalAttention``: the same, forward and backward each one C kernel call, at head dims 8 to 16;
+- ``FusedCausalAttention``: the same, forward and backward each one C kernel call, at head dims 8 to 32;
 - ``use_blocked_attention``, ``use_fused_attention``: where they beat SDPA's flash kernel (and fit in memory).
 
 The masked softmax runs as a one-pass C kernel on CPU in fp32 (``nas.model.fused_cpu``; PyTorch ops where no C
@@ -235,7 +235,7 @@ class FusedCausalAttention(torch.autograd.Function):
     head h // (H / KV) (HF's ``repeat_kv`` order; KV = H is multi-head); output (B, T, H, Dh), the layout the output
     projection reads, so no copy follows. ``P = softmax(q k^T + causal mask)`` is computed for keys ``j <= i`` only
     and its lower triangle kept for the backward (``N T (T + 1) / 2`` floats, N = B H); the backward is
-    ``dS = P (dO V^T - rowsum(dO * O))``, ``dQ = dS K``, ``dK = dS^T Q``, ``dV = P^T dO``. At head dims of 8 to 16
+    ``dS = P (dO V^T - rowsum(dO * O))``, ``dQ = dS K``, ``dK = dS^T Q``, ``dV = P^T dO``. At head dims of 8 to 32
     this replaces batched matmuls with an inner dimension of Dh, the softmax and the layout copies of
     ``BlockedCausalAttention`` (measurements: benchmarks/RESULTS.md, "Design measurements").
     """
@@ -259,9 +259,10 @@ BLOCKED_ATTENTION_MAX_T = 512  # CPU: BlockedCausalAttention up to this context,
 BLOCKED_ATTENTION_MAX_BYTES = 512 * 2 ** 20  # ... and while one layer's saved scores stay under this
 
 
-# FusedCausalAttention's head dims: 1.9x BlockedCausalAttention at 8, 1.3x at 12 on one thread; at 16 parity on one
-# thread and 1.2x on two (benchmarks/fused_attention.py); wider heads run the blocked products well
-FUSED_ATTENTION_HEAD_DIMS = (8, 12, 16)
+# FusedCausalAttention's head dims: 2.3x BlockedCausalAttention at 8, 1.8x at 12, 1.5x at 16 on one thread (2.7x,
+# 2.0x, 1.8x on two), 1.4x at 24, 1.3x at 32 (benchmarks/fused_attention.py); wider heads run the blocked products
+# well, and a kernel's Dh registers of output sums would no longer fit
+FUSED_ATTENTION_HEAD_DIMS = (8, 12, 16, 24, 32)
 
 
 def use_fused_attention(q: torch.Tensor) -> bool:

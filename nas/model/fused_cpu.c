@@ -297,7 +297,7 @@ void causal_softmax_(float *restrict p, int64_t N, int64_t Tb, int64_t r0, int t
  * up to 16 and zero past T, and a chunk's dS and the Dh partial sums of dQ stay in registers across the loop
  * over d. At Dh = 8 this replaces batched matmuls whose inner dimension is 8 (where a GEMM library spends most
  * of its time packing), the separate softmax passes over scores too large for the cache, and the layout
- * copies. The head dim is a compile-time constant (8, 12 or 16: one copy each).
+ * copies. The head dim is a compile-time constant (8, 12, 16, 24 or 32: one copy each).
  * Grouped-query attention (KV < H key/value heads, query head h reading key/value head h / (H / KV), HF's
  * repeat_kv order) is the same loop: the backward transposes a key/value head once for its H / KV query
  * heads and runs a group's query heads in turn on one thread, accumulating its dK, dV without races.
@@ -397,15 +397,22 @@ static void transpose_head(const float *restrict x, float *restrict x_t, int64_t
     WITH_CONSTANT_HEAD_DIM(Dh, transpose_padded(x, x_t, T, Tp, dh))
 }
 
-/* rows c .. c + 15 (those below T) of x (T, Dh) += the transpose of cols (Dh vectors, channel d of those 16 rows) */
-static inline void add_columns_to_rows(const vec16 *restrict cols, float *restrict x, int64_t c, int64_t T,
-                                       int64_t Dh) {
-    vec16 tile[CHUNK];
-    for (int64_t d = 0; d < CHUNK; d++) tile[d] = d < Dh ? cols[d] : (vec16){0};
-    transpose16(tile); /* row r: row c + r's Dh channels */
-    for (int64_t r = 0; r < CHUNK && c + r < T; r++) {
-        float *restrict row = x + (c + r) * Dh;
-        for (int64_t d = 0; d < Dh; d++) row[d] += tile[r][d];
+/* rows c .. c + 15 (those below T) of x (T, Dh) += the transpose of cols (Dh vectors, channel d of those 16 rows);
+ * add: 0 stores instead of adding. In groups of 16 channels, each a transpose16 */
+static inline void columns_to_rows(const vec16 *restrict cols, float *restrict x, int64_t stride, int64_t c,
+                                   int64_t T, int64_t Dh, int add) {
+    for (int64_t d0 = 0; d0 < Dh; d0 += CHUNK) {
+        int64_t width = Dh - d0 < CHUNK ? Dh - d0 : CHUNK;
+        vec16 tile[CHUNK];
+        for (int64_t d = 0; d < CHUNK; d++) tile[d] = d < width ? cols[d0 + d] : (vec16){0};
+        transpose16(tile); /* row r: row c + r's channels d0 .. d0 + width - 1 */
+        for (int64_t r = 0; r < CHUNK && c + r < T; r++) {
+            float *restrict row = x + (c + r) * stride + d0;
+            if (add)
+                for (int64_t d = 0; d < width; d++) row[d] += tile[r][d];
+            else
+                memcpy(row, &tile[r], (size_t)width * sizeof(float));
+        }
     }
 }
 
@@ -442,7 +449,7 @@ static inline void write_probs(float *restrict probs, float *restrict s, vec16 i
                                             const float *restrict v, float *restrict out, int64_t out_stride,   \
                                             float *restrict probs, float *restrict s, int64_t T, int64_t Tp) {  \
         for (int64_t i0 = 0; i0 < T; i0 += CHUNK) {                                                              \
-            int64_t keys = i0 + CHUNK < T ? i0 + CHUNK : T, rows = keys - i0;                                    \
+            int64_t keys = i0 + CHUNK < T ? i0 + CHUNK : T;                                                      \
             vec16 qd[DH], top = (vec16){0} - INFINITY;                                                           \
             _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) qd[d] = load16(q_t + d * Tp + i0);             \
             for (int64_t j = 0; j < keys; j++) {                                                                 \
@@ -458,7 +465,7 @@ static inline void write_probs(float *restrict probs, float *restrict s, vec16 i
             }                                                                                                    \
             for (int64_t j = i0; j < keys; j++) /* exactly 0 above the diagonal (exp_f clamps to ~1e-38) */     \
                 store16(s + j * CHUNK, keep_from(load16(s + j * CHUNK), j - i0, 0.0f));                          \
-            vec16 acc[CHUNK], total = {0};                                                                       \
+            vec16 acc[DH], total = {0};                                                                          \
             _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) acc[d] = (vec16){0};                           \
             for (int64_t j = 0; j < keys; j++) {                                                                 \
                 vec16 e = load16(s + j * CHUNK);                                                                 \
@@ -466,9 +473,8 @@ static inline void write_probs(float *restrict probs, float *restrict s, vec16 i
                 _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) acc[d] += e * v[j * DH + d];               \
             }                                                                                                    \
             vec16 inv = 1.0f / total;                                                                            \
-            for (int d = 0; d < CHUNK; d++) acc[d] = d < DH ? acc[d] * inv : (vec16){0};                         \
-            transpose16(acc); /* row l: query i0 + l's output */                                                 \
-            for (int64_t l = 0; l < rows; l++) memcpy(out + (i0 + l) * out_stride, &acc[l], DH * sizeof(float)); \
+            _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) acc[d] *= inv;                                 \
+            columns_to_rows(acc, out, out_stride, i0, T, DH, 0); /* row l: query i0 + l's output */              \
             if (probs) write_probs(probs, s, inv, i0, keys);                                                     \
         }                                                                                                        \
     }                                                                                                            \
@@ -508,7 +514,7 @@ static inline void write_probs(float *restrict probs, float *restrict s, vec16 i
                 if (i < c + CHUNK - 1) dsc = keep_before(dsc, c, i + 1, 0.0f);                                   \
                 _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) dkc[d] += dsc * q[i * DH + d];             \
             }                                                                                                    \
-            add_columns_to_rows(dkc, dk, c, T, DH);                                                              \
+            columns_to_rows(dkc, dk, DH, c, T, DH, 1);                                                           \
             _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) dvc[d] = (vec16){0};                           \
             for (int64_t i = c; i < T; i++) {                                                                    \
                 vec16 p = load16(probs + triangle(i) + c);                                                       \
@@ -516,13 +522,15 @@ static inline void write_probs(float *restrict probs, float *restrict s, vec16 i
                 const float *restrict g = d_out + i * stride;                                                    \
                 _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) dvc[d] += p * g[d];                        \
             }                                                                                                    \
-            add_columns_to_rows(dvc, dv, c, T, DH);                                                              \
+            columns_to_rows(dvc, dv, DH, c, T, DH, 1);                                                           \
         }                                                                                                        \
     }
 
 ATTENTION_FIXED(8)
 ATTENTION_FIXED(12)
 ATTENTION_FIXED(16)
+ATTENTION_FIXED(24)
+ATTENTION_FIXED(32)
 
 /* 1 when causal_attention_forward/backward have a kernel for this head dim */
 typedef void (*head_forward_fn)(const float *, const float *, const float *, float *, int64_t, float *, float *,
@@ -533,11 +541,13 @@ typedef void (*head_backward_fn)(const float *, const float *, int64_t, const fl
 /* the per-head kernels for this head dim, NULL where there is none */
 static head_forward_fn head_forward(int64_t Dh) {
     return Dh == 8 ? attention_head_forward_8 : Dh == 12 ? attention_head_forward_12
-                                              : Dh == 16 ? attention_head_forward_16 : NULL;
+         : Dh == 16 ? attention_head_forward_16 : Dh == 24 ? attention_head_forward_24
+         : Dh == 32 ? attention_head_forward_32 : NULL;
 }
 static head_backward_fn head_backward(int64_t Dh) {
     return Dh == 8 ? attention_head_backward_8 : Dh == 12 ? attention_head_backward_12
-                                               : Dh == 16 ? attention_head_backward_16 : NULL;
+         : Dh == 16 ? attention_head_backward_16 : Dh == 24 ? attention_head_backward_24
+         : Dh == 32 ? attention_head_backward_32 : NULL;
 }
 
 /* 1 when causal_attention_forward/backward have a kernel for this head dim */

@@ -5,9 +5,9 @@ causal softmax) is bound by memory bandwidth and per-op overhead. PyTorch's eage
 passes over memory for each of these and its CPU build has no fused kernels for them;
 ``torch.compile`` fuses them but costs more time per model shape than a proxy trial lasts. These
 kernels make one pass each (per-kernel and per-step timings: benchmarks/RESULTS.md, "Design measurements";
-``benchmarks/`` figure 4 has the efficiency this gives). The causal attention itself, at head dims 8, 12 and 16, is
+``benchmarks/`` figure 4 has the efficiency this gives). The causal attention itself, at head dims 8 to 32, is
 one call forward and one backward (``causal_attention_forward``/``_backward``): there the batched matmuls it replaces
-have an inner dimension of 8-16, which a GEMM library runs far below its peak.
+have an inner dimension of 8-32, which a GEMM library runs far below its peak.
 
 How: ``cc -O3 -march=native -fopenmp -fno-math-errno -fno-trapping-math -shared`` builds
 ``fused_cpu.c`` (plain C99, no PyTorch headers: well under a second) into

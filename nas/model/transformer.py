@@ -17,7 +17,7 @@ W_Q, W_K, W_V are one ``d -> 3d`` matmul and gate, up one
 ``d -> 2 d_h`` matmul; splitting q, k, v and rotating q, k is one autograd node
 (``RotaryQKV``: no temporaries, one gradient buffer); on CPU up to T = 512, attention is
 ``BlockedCausalAttention`` instead of SDPA's flash kernel (``FusedCausalAttention``, one C call each way, at head
-dims 8, 12 and 16 in fp32, grouped or not), and RMSNorm has its own backward
+dims 8, 12, 16, 24 and 32 in fp32, grouped or not), and RMSNorm has its own backward
 (``RMSNormFunction``, 6 passes instead of autograd's ~13 through ``F.rms_norm``), as does the gated
 up-projection of wide FFNs (``GatedUpProjection``: no (N, 2F) gradient concatenation); these autograd
 functions live in ``nas.model.kernels`` and ``nas.model.attention_kernels``. On CPU in fp32,
