@@ -93,7 +93,7 @@ _GPU_SPACE = (("max_head_dim", 256),)
 
 PRESETS: dict[str, Preset] = {p.name: p for p in (
     Preset("cpu", "GPT-2 small structure (12 layers x 12 heads) at width 96, bytes, 32k tokens/trial: "
-           "200 trials in 7 min on a 2-core machine with a 380-400 GFLOP/s fp32 peak (2 workers)",
+           "200 trials in 5.3 min on a 2-core machine with a 440-445 GFLOP/s fp32 peak (2 workers)",
            uniform(12, 96, 12, 256), _CPU_TRAIN),
     # lr 3e-3: at 6e-3 some seeds sat on the unigram plateau (~3.2 nats) for most of the run, and two seeds of one
     # shape ended 2.36 and 2.93; at 3e-3 the same two ended 2.10 and 2.19 (benchmarks/reference_panel.py)
