@@ -109,7 +109,8 @@ def test_fused_attention_matches_float64_attention_and_its_gradients(batch, head
     from nas.model.kernels import apply_function
 
     torch.manual_seed(5)
-    q64 = torch.randn(batch, heads, seq, head_dim, dtype=torch.float64) * head_dim ** -0.5  # as the model scales q
+    # scores as sharp at every head dim as unscaled ones at 8 (the model scales q by head_dim ** -0.5)
+    q64 = torch.randn(batch, heads, seq, head_dim, dtype=torch.float64) * (8 / head_dim) ** 0.5
     k64, v64 = (torch.randn(batch, kv, seq, head_dim, dtype=torch.float64) for _ in range(2))
     q, k, v = (t.float().requires_grad_() for t in (q64, k64, v64))
     out = FusedCausalAttention.apply(q, k, v)  # (B, T, H, Dh)
@@ -122,6 +123,23 @@ def test_fused_attention_matches_float64_attention_and_its_gradients(batch, head
         torch.testing.assert_close(mine.grad.double(), reference.grad, rtol=1e-4, atol=1e-5)
     with torch.no_grad():
         torch.testing.assert_close(apply_function(FusedCausalAttention, q, k, v), out.detach(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("seq", [1, 2, 5, 8, 9, 15, 16, 17, 40])
+def test_fused_attention_keeps_each_heads_probabilities_to_itself(seq, threads) -> None:
+    """P's lower triangles, head after head, as a float64 softmax gives them: contexts below one 16-key tile (whose
+    row stores once reached the next head's triangle, another thread's at 2 threads: T = 8 failed), at one tile, and
+    on and off the tiles; enough heads for the parallel path."""
+    torch.manual_seed(7)
+    batch, heads, head_dim = 16, 4, 32
+    q = torch.randn(batch, heads, seq, head_dim) * head_dim ** -0.5
+    k, v = torch.randn_like(q), torch.randn_like(q)
+    probs = fused_cpu.causal_attention_forward(q, k, v, keep_probs=True)[1]
+    scores = (q.double() @ k.double().transpose(-1, -2)).masked_fill(
+        torch.ones(seq, seq, dtype=torch.bool).triu(1), float("-inf"))
+    rows, cols = torch.tril_indices(seq, seq)
+    expected = scores.softmax(-1)[..., rows, cols].reshape(-1)  # (B H T (T + 1) / 2,), head by head, row by row
+    torch.testing.assert_close(probs[:expected.numel()].double(), expected, rtol=1e-5, atol=1e-7)
 
 
 def test_fused_attention_reads_strided_inputs_as_their_values() -> None:

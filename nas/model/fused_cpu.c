@@ -419,19 +419,23 @@ static inline void columns_to_rows(const vec16 *restrict cols, float *restrict x
 /* P's tile of queries i0 .. i0 + rows - 1 and keys j0 .. j0 + 15 from the block's unnormalised exp s (key j's 16
  * queries at s + 16 j) times inv, transposed into the rows of the lower triangles (row i at triangle(i)).
  * Each row takes 16 keys at once, so on the diagonal (j0 = i0) a row's store runs past its end into the next
- * row's first keys: the caller stores the diagonal tile first and then the tiles left of it, which rewrite those
- * keys; the block's last row stores only its own keys (past it: another head's row, maybe another thread's). */
+ * rows' first keys: the caller stores the diagonal tile first and then the tiles left of it, which rewrite those
+ * keys (in the first block, i0 = 0, the later rows of the diagonal tile itself do). A store that would run past
+ * the block's last row (its last row; any row when T < 16) stores only the row's own keys: past the block lies
+ * the next head's triangle, maybe another thread's. */
 static inline void write_probs_tile(float *restrict probs, const float *restrict s, vec16 inv, int64_t i0,
                                     int64_t rows, int64_t j0) {
     vec16 tile[CHUNK];
     for (int r = 0; r < CHUNK; r++) tile[r] = load16(s + (j0 + r) * CHUNK) * inv;
     transpose16(tile); /* row l: query i0 + l over keys j0 .. j0 + 15 */
-    for (int64_t l = 0; l < rows - 1; l++) store16(probs + triangle(i0 + l) + j0, tile[l]);
-    float *last = probs + triangle(i0 + rows - 1) + j0;
-    if (j0 == i0)
-        memcpy(last, &tile[rows - 1], (size_t)rows * sizeof(float));
-    else
-        store16(last, tile[rows - 1]);
+    int64_t end = triangle(i0 + rows);
+    for (int64_t l = 0; l < rows; l++) {
+        float *row = probs + triangle(i0 + l) + j0;
+        if (j0 == i0 && triangle(i0 + l) + j0 + CHUNK > end)
+            memcpy(row, &tile[l], (size_t)(l + 1) * sizeof(float)); /* keys i0 .. i0 + l */
+        else
+            store16(row, tile[l]);
+    }
 }
 
 /* P's rows i0 .. keys - 1: the diagonal tile, then the ones left of it (see write_probs_tile) */
@@ -532,7 +536,6 @@ ATTENTION_FIXED(16)
 ATTENTION_FIXED(24)
 ATTENTION_FIXED(32)
 
-/* 1 when causal_attention_forward/backward have a kernel for this head dim */
 typedef void (*head_forward_fn)(const float *, const float *, const float *, float *, int64_t, float *, float *,
                                 int64_t, int64_t);
 typedef void (*head_backward_fn)(const float *, const float *, int64_t, const float *, const float *, const float *,
@@ -554,7 +557,6 @@ static head_backward_fn head_backward(int64_t Dh) {
 int causal_attention_supports(int64_t Dh) { return head_forward(Dh) != NULL; }
 
 static inline int64_t padded(int64_t T) { return (T + CHUNK - 1) / CHUNK * CHUNK; }
-
 
 /* workspace: threads x attention_workspace(T, Dh) floats, one slice per thread */
 int64_t attention_workspace(int64_t T, int64_t Dh) {

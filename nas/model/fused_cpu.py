@@ -293,7 +293,7 @@ def causal_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def _attention_workspace(q: torch.Tensor, threads: int) -> torch.Tensor:
     """Each thread's scratch for the attention kernels (the forward's transposed queries and block of scores; the
-    backward's transposed keys, values and their gradients)."""
+    backward's transposed keys and values and one head's dS triangle)."""
     T, Dh = q.shape[-2:]
     return q.new_empty(threads * library().attention_workspace(T, Dh))
 
