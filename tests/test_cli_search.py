@@ -283,6 +283,16 @@ def test_progress_estimates_the_time_left_from_the_trainings_after_each_workers_
         progress(TrialEvent(i, "member", baseline, 0, "complete", 3.4, wall, i + 1, 10, None, None))
     assert "estimate: a trial every 3.1 s (the median of this run's trainings 2-5 on this machine: each worker's " \
            "first, with its one-off start, left out): the 5 trials left take about 0m15s" in single.getvalue()
+    # workers on several devices (a GPU's and a CPU's trainings): the pace of trainings ending, all workers together
+    mixed = io.StringIO()
+    progress = Progress(workers=2, stream=mixed, clock=iter([0.0, 9.0, 10.0, 10.5, 12.5, 15.0, 17.5, 20.0]).__next__)
+    progress.devices = 2
+    for i, (state, wall) in enumerate(events[:7]):
+        progress(TrialEvent(i, "member", baseline, 0, state, 3.4, wall, i + 1, 20, None, None))
+    # trainings 3-6 end at 12.5 .. 20 s: 10 s past the second first training's end at 10 s, 2.5 s a trial
+    assert "estimate: a trial every 2.5 s (the time between this run's trainings 3-6 on this machine ending, the 2 " \
+           "workers on several devices together: each worker's first, with its one-off start, left out): the 13 " \
+           "trials left take about 0m32s" in mixed.getvalue()
 
 
 def test_a_resumed_search_estimates_the_time_left_from_its_stored_trials_in_its_first_line():

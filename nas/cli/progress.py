@@ -24,14 +24,18 @@ def estimate_text(seconds_per_trial: float, left: int, workers: int, source: str
             f"{format_duration(seconds_per_trial * left / workers)}")
 
 
-def rate_text(seconds_per_trial: float, left: int, workers: int, trainings: int) -> str:
-    """``a trial every 1.6 s (the median of this run's trainings 3-6 on this machine, over 2 workers: ...), the 194
-    trials left take about 5m10s``."""
-    over = f", over {workers} workers" if workers > 1 else ""
+def rate_text(seconds_per_trial: float, left: int, workers: int, trainings: int, pace: bool = False) -> str:
+    """``a trial every 1.6 s (the median of this run's trainings 3-6 on this machine, over 2 workers: ...): the 194
+    trials left take about 5m10s``; ``pace``: from the time between those trainings ending (workers on several
+    devices)."""
     first = workers + 1
-    return (f"a trial every {seconds_per_trial:.1f} s (the median of this run's trainings {first}-"
-            f"{first + trainings - 1} on this machine{over}: each worker's first, with its one-off start, left out): "
-            f"the {left} trials left take about {format_duration(seconds_per_trial * left)}")
+    span = f"this run's trainings {first}-{first + trainings - 1} on this machine"
+    if pace:
+        basis = f"the time between {span} ending, the {workers} workers on several devices together"
+    else:
+        basis = f"the median of {span}" + (f", over {workers} workers" if workers > 1 else "")
+    return (f"a trial every {seconds_per_trial:.1f} s ({basis}: each worker's first, with its one-off start, left "
+            f"out): the {left} trials left take about {format_duration(seconds_per_trial * left)}")
 
 
 def placement_text(placements: list) -> str:
@@ -56,12 +60,15 @@ class Progress:
         self.started = clock()
         self.first_counted: int | None = None
         self.walls: list[float] = []  # this run's trainings' wall times, in the order they ended, until the estimate
+        self.arrivals: list[float] = []  # ... and when they ended
+        self.devices = 1  # the workers' devices (start: from the placements)
         self.estimated = False
         self.notes_shown = 0  # the search's notes already printed (at the start: a resumed study's policy)
 
     def start(self, search: Search) -> None:
         c = search.config
         self.workers = len(search.placements) or self.workers
+        self.devices = len({p.label for p in search.placements}) or 1
         then = {"race": f"then a race of the baseline and the {c.race_size} best",
                 "adaptive": "then adaptive replicates (knowledge gradient)",
                 "adaptive-answer": "then adaptive replicates (knowledge gradient and the answer's sentence)",
@@ -93,6 +100,7 @@ class Progress:
             self.first_counted = e.counted - (e.state not in ("duplicate", "error", "interrupted", "surplus"))
         if e.state in TRAINED_STATES and not self.estimated:
             self.walls.append(e.wall_time_s)
+            self.arrivals.append(now)
         value = f"loss {e.value:.4f}" if e.value is not None else e.state
         line = f"[{e.counted:>{len(str(e.target))}}/{e.target}] #{e.number} {e.role:<9} {e.arch.label()} "
         line += f"seed {e.seed} on {e.device}: "
@@ -121,8 +129,13 @@ class Progress:
             # filled) moved the mean of four by +16 % in a 200-trial run; the time between trainings (storage,
             # sampler: 1-2 % in benchmarks.main_job) is left out
             self.estimated = True
-            per_trial = median(measured[:ESTIMATE_AFTER]) / self.workers
-            self.print("estimate: " + rate_text(per_trial, left, self.workers, ESTIMATE_AFTER))
+            pace = self.devices > 1  # workers of unlike speeds: no one training stands for them, their pace does
+            if pace:
+                ended = self.arrivals[self.workers - 1:self.workers + ESTIMATE_AFTER]
+                per_trial = (ended[-1] - ended[0]) / ESTIMATE_AFTER
+            else:
+                per_trial = median(measured[:ESTIMATE_AFTER]) / self.workers
+            self.print("estimate: " + rate_text(per_trial, left, self.workers, ESTIMATE_AFTER, pace))
 
     def print(self, line: str) -> None:
         print(line, file=self.stream, flush=True)
