@@ -259,9 +259,9 @@ BLOCKED_ATTENTION_MAX_T = 512  # CPU: BlockedCausalAttention up to this context,
 BLOCKED_ATTENTION_MAX_BYTES = 512 * 2 ** 20  # ... and while one layer's saved scores stay under this
 
 
-# FusedCausalAttention's head dims: 2.3x BlockedCausalAttention at 8, 1.8x at 12, 1.5x at 16 on one thread (2.7x,
-# 2.0x, 1.8x on two), 1.4x at 24, 1.3x at 32 (benchmarks/fused_attention.py); wider heads run the blocked products
-# well, and a kernel's Dh registers of output sums would no longer fit
+# FusedCausalAttention's head dims, one layer against BlockedCausalAttention on one thread (two): 2.3x (2.8x) at 8,
+# 1.9x (2.1x) at 12, 1.5x (1.8x) at 16, 1.1x (1.4x) at 24, 1.0x (1.3x) at 32 (benchmarks/fused_attention.py); wider
+# heads run the blocked products well, and a kernel's Dh registers of output sums would no longer fit
 FUSED_ATTENTION_HEAD_DIMS = (8, 12, 16, 24, 32)
 
 

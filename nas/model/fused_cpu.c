@@ -325,18 +325,17 @@ static inline float sum16(vec16 v) {
     c += d;
     return (c[0] + c[2]) + (c[1] + c[3]);
 }
+/* a in the lanes where keep is set (all bits), b elsewhere */
+static inline vec16 blend16(vec16i keep, vec16 a, vec16 b) {
+    return (vec16)(((vec16i)a & keep) | ((vec16i)b & ~keep));
+}
 /* x with the lanes of keys >= n (key c + l in lane l) replaced by fill: no scalar stores beside vector loads */
 static inline vec16 keep_before(vec16 x, int64_t c, int64_t n, float fill) {
-    vec16i keep = LANES < (int32_t)(n - c);
-    vec16 other = (vec16){0} + fill;
-    return (vec16)(((vec16i)x & keep) | ((vec16i)other & ~keep));
+    return blend16(LANES < (int32_t)(n - c), x, (vec16){0} + fill);
 }
 static inline int64_t triangle(int64_t i) { return i * (i + 1) / 2; }
 
-static inline vec16 max16(vec16 a, vec16 b) {
-    vec16i more = a > b;
-    return (vec16)(((vec16i)a & more) | ((vec16i)b & ~more));
-}
+static inline vec16 max16(vec16 a, vec16 b) { return blend16(a > b, a, b); }
 
 /* the 16 x 16 block m (row r: m[r]) transposed in place: four rounds of swapping the off-diagonal w x w sub-blocks
  * of every 2w x 2w block (w = 8, 4, 2, 1), each a two-vector shuffle per row pair */
@@ -379,9 +378,7 @@ static inline void transpose16(vec16 m[CHUNK]) {
 
 /* x with the lanes l < t replaced by fill (query i0 + l sees key i0 + t only when l >= t) */
 static inline vec16 keep_from(vec16 x, int64_t t, float fill) {
-    vec16i keep = LANES >= (int32_t)t;
-    vec16 other = (vec16){0} + fill;
-    return (vec16)(((vec16i)x & keep) | ((vec16i)other & ~keep));
+    return blend16(LANES >= (int32_t)t, x, (vec16){0} + fill);
 }
 
 /* the (Dh, Tp) transpose of x (T, Dh), zero past T */
