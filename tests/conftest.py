@@ -63,6 +63,15 @@ def cpu_baseline_result(builtin_data):
 
 
 @pytest.fixture
+def fused_attention_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model takes the fused attention wherever it has a kernel, also on CPUs where it would not by default (no
+    AVX-512: ``attention_kernels.fused_attention_pays``), so the tests of that path test it on every machine."""
+    from nas.model import attention_kernels
+
+    monkeypatch.setattr(attention_kernels, "FUSED_ATTENTION_FORCED", True)
+
+
+@pytest.fixture
 def one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     """In-process searches train with one torch thread: on a busy 2-core box two threads wait on each other at
     every op (a tiny trial goes from 0.5 s to 50 s); the ``nas`` subprocesses get one core each instead."""

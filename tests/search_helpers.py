@@ -51,16 +51,20 @@ def run_nas(*args: str, cwd: Path, timeout: float = 300, cores: Iterable[int] | 
 
 
 def start_nas(*args: str, cwd: Path, log: Path, cores: Iterable[int] | None = (0,),
-              sigint_ignored: bool = False) -> subprocess.Popen:
+              sigint_ignored: bool = False, niceness: int = 0) -> subprocess.Popen:
     """``nas ...`` in the background, stdout and stderr into ``log`` (a pipe could fill up and block it).
 
     ``sigint_ignored`` starts it as a shell starts a background job (``nas search ... &``): SIGINT ignored.
+    ``niceness`` > 0 lowers its CPU priority (and its workers', which inherit it): writers that must not starve
+    the readers a test times on the same core.
     """
     pin = on_cores(cores)
 
     def prepare() -> None:
         if pin is not None:
             pin()
+        if niceness:
+            os.nice(niceness)
         if sigint_ignored:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
 

@@ -97,7 +97,8 @@ def test_logits_match_hf_llama_with_the_same_weights(arch: ArchConfig) -> None:
         "dh32-T200", "dh8-T24", "sdpa-T600", "gqa-dh8-T128", "gqa-dh8-T128-blocked",
         "mqa-sdpa-T600"])
 def test_cpu_attention_paths_match_hf_in_logits_and_gradients(arch: ArchConfig, T: int, blocked: bool | str,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+                                                            monkeypatch: pytest.MonkeyPatch,
+                                                            fused_attention_everywhere) -> None:
     """CPU training through FusedCausalAttention or BlockedCausalAttention (own forward and backward) or SDPA
     matches HF's eager LLaMA."""
     from nas.model import attention_kernels
@@ -267,7 +268,8 @@ def _hf_decoder_layers(model: Transformer):
 @pytest.mark.parametrize("kv_heads", [(), PRISM_KV_HEADS], ids=["mha", "gqa"])
 @pytest.mark.parametrize("fused", [True, False], ids=["fused-kernels", "pytorch-ops"])
 @pytest.mark.parametrize("T", [40, 130], ids=["T40-one-block", "T130-two-blocks"])
-def test_a_prism_schedule_matches_hf_decoder_layers_built_per_layer(fused: bool, T: int, kv_heads) -> None:
+def test_a_prism_schedule_matches_hf_decoder_layers_built_per_layer(fused: bool, T: int, kv_heads,
+                                                                   fused_attention_everywhere) -> None:
     """Layer by layer, a schedule with head dims 256 ... 8 equals HF LLaMA layers each built with that layer's own
     head count (and key/value head count: multi-head, or grouped-query per layer) and the same weights: every
     layer's output, the logits, and every parameter's gradient."""

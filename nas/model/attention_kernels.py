@@ -3,7 +3,8 @@
 - ``BlockedCausalAttention``: exact causal attention by batched matmuls over query blocks (CPU, T <= 512);
   ``GroupedBlockedCausalAttention`` the same with each key/value head shared by a group of query heads;
 - ``FusedCausalAttention``: the same, forward and backward each one C kernel call, at head dims 8 to 32;
-- ``use_blocked_attention``, ``use_fused_attention``: where they beat SDPA's flash kernel (and fit in memory).
+- ``use_blocked_attention``, ``use_fused_attention``: where they beat SDPA's flash kernel (and fit in memory); the
+  fused one where the CPU holds its 16-float vectors in registers (AVX-512: ``fused_attention_pays``).
 
 The masked softmax runs as a one-pass C kernel on CPU in fp32 (``nas.model.fused_cpu``; PyTorch ops where no C
 compiler is found). The q/k/v projections, the FFN and the norm are ``nas.model.kernels``.
@@ -11,6 +12,7 @@ compiler is found). The q/k/v projections, the FFN and the norm are ``nas.model.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -263,15 +265,30 @@ BLOCKED_ATTENTION_MAX_BYTES = 512 * 2 ** 20  # ... and while one layer's saved s
 # 1.9x (2.1x) at 12, 1.5x (1.8x) at 16, 1.1x (1.4x) at 24, 1.0x (1.3x) at 32 (benchmarks/fused_attention.py); wider
 # heads run the blocked products well, and a kernel's Dh registers of output sums would no longer fit
 FUSED_ATTENTION_HEAD_DIMS = (8, 12, 16, 24, 32)
+# None: the fused attention only where it pays (``fused_attention_pays``); True or False: on or off wherever it can
+# run (benchmarks measure it on machines where it is off by default)
+FUSED_ATTENTION_FORCED: bool | None = None
+
+
+@functools.cache
+def fused_attention_pays() -> bool:
+    """Whether this CPU runs ``FusedCausalAttention`` faster than ``BlockedCausalAttention``: where its 16-float
+    vectors are one register each (AVX-512). With 8-float registers (AVX2) every vector is two and its 16x16 tile
+    transposes spill: one layer measured 0.19-0.63x the blocked path and a ``cpu`` step 0.70-0.77x on a 2-core AMD
+    EPYC (AVX2, fp32 matmul peak 180 GFLOP/s), against 1.0-2.3x and 1.12-1.38x on an AVX-512 Xeon (peak 447)
+    (``python -m benchmarks.fused_attention``; benchmarks/RESULTS.md, "Design measurements")."""
+    lib = fused_cpu.library()
+    return lib is not None and bool(lib.attention_vectors_in_registers())
 
 
 def use_fused_attention(q: torch.Tensor) -> bool:
     """Whether attention on q (B, H, T, Dh), grouped or not, takes ``FusedCausalAttention``: CPU fp32 with the
-    kernels built, a head dim it has a kernel for, and the context and saved probabilities within
-    ``use_blocked_attention``'s bounds."""
+    kernels built, a head dim it has a kernel for, a CPU where it pays (or ``FUSED_ATTENTION_FORCED``), and the
+    context and saved probabilities within ``use_blocked_attention``'s bounds."""
     B, H, T, Dh = q.shape
-    return (Dh in FUSED_ATTENTION_HEAD_DIMS and use_blocked_attention(q.device, B * H, T, q.element_size())
-            and fused_cpu.usable(q))
+    wanted = fused_attention_pays() if FUSED_ATTENTION_FORCED is None else FUSED_ATTENTION_FORCED
+    return (Dh in FUSED_ATTENTION_HEAD_DIMS and wanted
+            and use_blocked_attention(q.device, B * H, T, q.element_size()) and fused_cpu.usable(q))
 
 
 def use_blocked_attention(device: torch.device, n_heads_total: int, seq_len: int, element_size: int) -> bool:

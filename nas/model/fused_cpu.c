@@ -553,6 +553,16 @@ static head_backward_fn head_backward(int64_t Dh) {
 /* 1 when causal_attention_forward/backward have a kernel for this head dim */
 int causal_attention_supports(int64_t Dh) { return head_forward(Dh) != NULL; }
 
+/* 1 when this build holds a vec16 in one register (AVX-512): the attention kernels' 16-lane tiles and 16x16
+   transposes were written for it; with 8-float registers (AVX2) each vec16 is two and the transposes spill */
+int attention_vectors_in_registers(void) {
+#if defined(__AVX512F__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 static inline int64_t padded(int64_t T) { return (T + CHUNK - 1) / CHUNK * CHUNK; }
 
 /* workspace: threads x attention_workspace(T, Dh) floats, one slice per thread */

@@ -10,9 +10,10 @@ one call forward and one backward (``causal_attention_forward``/``_backward``): 
 have an inner dimension of 8-32, which a GEMM library runs far below its peak.
 
 How: ``cc -O3 -march=native -fopenmp -fno-math-errno -fno-trapping-math -shared`` builds
-``fused_cpu.c`` (plain C99, no PyTorch headers: well under a second) into
-``$NAS_CACHE/kernels/fused_cpu-<key>.so``, keyed by the source, the flags, the compiler and
-the CPU's feature flags, written atomically so that concurrent workers can build at once.
+``fused_cpu.c`` (plain C99, no PyTorch headers; 5-11 CPU-seconds: the attention kernels are unrolled per head
+dim) into ``$NAS_CACHE/kernels/fused_cpu-<key>.so``, keyed by the source, the flags, the compiler and
+the CPU's feature flags, written atomically. Concurrent first uses (a fresh search's workers) build it once: the
+first takes a lock file beside it, the others wait on it and load what it built.
 OpenMP resolves to the ``libgomp.so.1`` torch already loaded, so both share one thread pool;
 each call passes ``torch.get_num_threads()``.
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import hashlib
 import os
 import platform
@@ -60,10 +62,12 @@ _SIGNATURES = {
     "causal_attention_forward": [_P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _INT],
     "causal_attention_backward": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _INT],
     "causal_attention_supports": [_I64],
+    "attention_vectors_in_registers": [],
     "attention_workspace": [_I64, _I64],
 }
 
-_RETURNS = {"causal_attention_supports": ctypes.c_int, "attention_workspace": _I64}  # the rest return nothing
+_RETURNS = {"causal_attention_supports": ctypes.c_int, "attention_vectors_in_registers": ctypes.c_int,
+            "attention_workspace": _I64}  # the rest return nothing
 
 _lock = threading.Lock()
 _library: ctypes.CDLL | None = None
@@ -112,6 +116,18 @@ def _build(compiler: str, target: Path) -> None:
             os.unlink(tmp)
 
 
+@contextlib.contextmanager
+def _build_lock(target: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``<target>.lock`` for the block (released by the kernel if the holder dies)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def _load() -> None:
     global _library, _reason
     if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
@@ -125,7 +141,9 @@ def _load() -> None:
     try:
         path = library_path(compiler)
         if not path.exists():
-            _build(compiler, path)
+            with _build_lock(path):
+                if not path.exists():  # another process may have built it while this one waited
+                    _build(compiler, path)
         lib = ctypes.CDLL(str(path))
         for name, argtypes in _SIGNATURES.items():
             fn = getattr(lib, name)
