@@ -261,9 +261,10 @@ BLOCKED_ATTENTION_MAX_T = 512  # CPU: BlockedCausalAttention up to this context,
 BLOCKED_ATTENTION_MAX_BYTES = 512 * 2 ** 20  # ... and while one layer's saved scores stay under this
 
 
-# FusedCausalAttention's head dims, one layer against BlockedCausalAttention on one thread (two): 2.3x (2.8x) at 8,
-# 1.9x (2.1x) at 12, 1.5x (1.8x) at 16, 1.1x (1.4x) at 24, 1.0x (1.3x) at 32 (benchmarks/fused_attention.py); wider
-# heads run the blocked products well, and a kernel's Dh registers of output sums would no longer fit
+# FusedCausalAttention's head dims, one layer against BlockedCausalAttention on one thread (two), an AVX-512 CPU:
+# 2.3x (2.8x) at 8, 1.9x (2.1x) at 12, 1.5x (1.8x) at 16, 1.1x (1.4x) at 24, 1.0x (1.3x) at 32
+# (benchmarks/fused_attention.py); wider heads run the blocked products well, and a kernel's Dh registers of output
+# sums would no longer fit
 FUSED_ATTENTION_HEAD_DIMS = (8, 12, 16, 24, 32)
 # None: the fused attention only where it pays (``fused_attention_pays``); True or False: on or off wherever it can
 # run (benchmarks measure it on machines where it is off by default)
@@ -274,8 +275,8 @@ FUSED_ATTENTION_FORCED: bool | None = None
 def fused_attention_pays() -> bool:
     """Whether this CPU runs ``FusedCausalAttention`` faster than ``BlockedCausalAttention``: where its 16-float
     vectors are one register each (AVX-512). With 8-float registers (AVX2) every vector is two and its 16x16 tile
-    transposes spill: one layer measured 0.19-0.63x the blocked path and a ``cpu`` step 0.70-0.77x on a 2-core AMD
-    EPYC (AVX2, fp32 matmul peak 180 GFLOP/s), against 1.0-2.3x and 1.12-1.38x on an AVX-512 Xeon (peak 447)
+    transposes spill: one layer measured 0.19-0.63x the blocked path and a ``cpu`` step 0.69-0.79x on a 2-core AMD
+    EPYC (AVX2, fp32 matmul peak read 91-180 GFLOP/s), against 1.0-2.3x and 1.12-1.38x on an AVX-512 Xeon (peak 447)
     (``python -m benchmarks.fused_attention``; benchmarks/RESULTS.md, "Design measurements")."""
     lib = fused_cpu.library()
     return lib is not None and bool(lib.attention_vectors_in_registers())
