@@ -10,7 +10,9 @@ rounds):
   dim 8 (4 query heads a key/value head) against ``GroupedBlockedCausalAttention``;
 - *steps*: a full proxy training step (forward, backward, clip, fused AdamW) of three ``cpu``-preset shapes, the
   uniform baseline (12 heads: head dim 8 everywhere) and two Prism staircases, at 1 thread, with
-  ``FUSED_ATTENTION_HEAD_DIMS`` emptied for the reference (every other kernel the same).
+  ``FUSED_ATTENTION_HEAD_DIMS`` emptied for the reference (every other kernel the same) and the fused attention
+  forced on for the contender (``FUSED_ATTENTION_FORCED``: without AVX-512 the model does not take it by default;
+  the last line says which this machine takes).
 
 ``--noise`` adds what the proxy measures with each kernel: the two step shapes trained as the ``cpu`` preset's
 trials (``runners.proxy.run``, one thread) at 12 seeds, each seed with both kernels in turn; the kernels agree up to

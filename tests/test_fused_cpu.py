@@ -259,6 +259,8 @@ def test_falls_back_with_a_warning_when_the_build_fails(tmp_path) -> None:
 def test_concurrent_first_uses_build_the_library_once_and_share_it(tmp_path) -> None:
     """Three processes start on an empty cache at once (a fresh search's workers): one compiles, the others wait on
     its lock and load the same file; a later process loads it without building."""
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler: the kernels are not built here")
     calls = tmp_path / "compiler-calls"
     compiler = tmp_path / "logging-cc"
     compiler.write_text(f'#!/bin/sh\necho "$$" >> {calls}\nexec {shutil.which("cc")} "$@"\n')
