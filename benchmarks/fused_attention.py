@@ -10,9 +10,9 @@ rounds):
   dim 8 (4 query heads a key/value head) against ``GroupedBlockedCausalAttention``;
 - *steps*: a full proxy training step (forward, backward, clip, fused AdamW) of three ``cpu``-preset shapes, the
   uniform baseline (12 heads: head dim 8 everywhere) and two Prism staircases, at 1 thread, with
-  ``FUSED_ATTENTION_HEAD_DIMS`` emptied for the reference (every other kernel the same) and the fused attention
-  forced on for the contender (``FUSED_ATTENTION_FORCED``: without AVX-512 the model does not take it by default;
-  the last line says which this machine takes).
+  the fused attention forced off for the reference (every other kernel the same) and on for the contender
+  (``FUSED_ATTENTION_FORCED``: without AVX-512 the model does not take it by default; the last line says which
+  this machine takes).
 
 ``--noise`` adds what the proxy measures with each kernel: the two step shapes trained as the ``cpu`` preset's
 trials (``runners.proxy.run``, one thread) at 12 seeds, each seed with both kernels in turn; the kernels agree up to
@@ -40,30 +40,25 @@ STEP_SHAPES = {"uniform 12 heads": (12,) * 12, "staircase 1-12": (1, 1, 2, 2, 4,
 
 
 @contextlib.contextmanager
-def blocked_only() -> Iterator[None]:
-    """Within the block every multi-head layer takes BlockedCausalAttention (no fused attention kernel)."""
-    from nas.model import attention_kernels
-
-    kept = attention_kernels.FUSED_ATTENTION_HEAD_DIMS
-    attention_kernels.FUSED_ATTENTION_HEAD_DIMS = ()
-    try:
-        yield
-    finally:
-        attention_kernels.FUSED_ATTENTION_HEAD_DIMS = kept
-
-
-@contextlib.contextmanager
-def fused_everywhere() -> Iterator[None]:
-    """Within the block every layer with a fused kernel takes it, on CPUs where the model would not by default
-    (``attention_kernels.fused_attention_pays``: without AVX-512)."""
+def fused_attention(flag: bool) -> Iterator[None]:
+    """Within the block every layer with a fused kernel takes it (``True``, also on CPUs where the model would not
+    by default: ``attention_kernels.fused_attention_pays``) or takes BlockedCausalAttention (``False``)."""
     from nas.model import attention_kernels
 
     kept = attention_kernels.FUSED_ATTENTION_FORCED
-    attention_kernels.FUSED_ATTENTION_FORCED = True
+    attention_kernels.FUSED_ATTENTION_FORCED = flag
     try:
         yield
     finally:
         attention_kernels.FUSED_ATTENTION_FORCED = kept
+
+
+def blocked_only() -> contextlib.AbstractContextManager[None]:
+    return fused_attention(False)
+
+
+def fused_everywhere() -> contextlib.AbstractContextManager[None]:
+    return fused_attention(True)
 
 
 def attention_layer(batch: int, seq_len: int, width: int, head_dim: int, fused: bool,

@@ -99,8 +99,8 @@ def library_path(compiler: str) -> Path:
 
 
 def _build(compiler: str, target: Path) -> None:
-    """Compile into a private temporary file, then rename: concurrent builders never see a partial file."""
-    target.parent.mkdir(parents=True, exist_ok=True)
+    """Compile into a private temporary file, then rename: concurrent builders never see a partial file (the folder
+    exists: ``_build_lock`` made it)."""
     fd, tmp = tempfile.mkstemp(prefix=target.stem + ".", suffix=".so.tmp", dir=target.parent)
     os.close(fd)
     try:
