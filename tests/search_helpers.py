@@ -148,10 +148,21 @@ def pop_queued_trials(url: str, study_name: str, asks: int, start_at: float, out
     Path(out).write_text(json.dumps(numbers))
 
 
+def _children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
 def child_pids(pid: int) -> list[int]:
-    """The worker processes ``multiprocessing`` spawned for ``pid`` (not its resource tracker)."""
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return [int(c) for c in children if "spawn_main" in Path(f"/proc/{c}/cmdline").read_text()]
+    """The worker processes ``multiprocessing`` started for ``pid``: spawned ones are its children, ones forked from
+    its fork server (``nas.study.parallel.worker_context``) that server's; not the resource tracker."""
+    workers = []
+    for child in _children(pid):
+        command = Path(f"/proc/{child}/cmdline").read_text()
+        if "spawn_main" in command:
+            workers.append(child)
+        elif "forkserver" in command:
+            workers += _children(child)
+    return workers
 
 
 def open_storage_at(url: str, start_at: float, out: str) -> None:

@@ -30,6 +30,8 @@ from search_helpers import (
     wait_for,
 )
 
+from nas.study.config import SearchConfig
+from nas.study.parallel import run_search
 from nas.study.records import key_seed
 from nas.study.storage import make_storage
 from runners.presets import get_preset
@@ -79,6 +81,34 @@ def test_a_queued_trial_goes_to_exactly_one_of_four_racing_sqlite_workers(tmp_pa
     asked = in_four_processes_at_once(tmp_path, pop_queued_trials, url, "queue", 10)
     popped = sorted(n for numbers in asked for n in json.loads(numbers))
     assert popped == list(range(40)), "a queued trial was handed to two workers"
+
+
+def test_cpu_workers_fork_from_a_server_with_torch_imported_and_take_the_environment_of_their_search(
+        tmp_path, monkeypatch):
+    """CPU workers are forked from a fork server (``worker_context``), which imported torch and the trainer once;
+    a worker must still see the environment of the search that starts it, not the server's from its start: here the
+    server starts with a data cache no process can create, and the search runs with the session's."""
+    from multiprocessing import forkserver
+
+    from nas.study.parallel import worker_context
+    from nas.study.placement import Placement
+
+    gpu = worker_context([Placement(0, "cuda", "cuda:0", 1)])
+    assert gpu.get_start_method() == "spawn"  # a GPU worker is spawned: nothing before it has touched CUDA
+    context = worker_context([Placement(0, "cpu", "cpu", 1), Placement(1, "auto", "cpu", 1)])
+    assert context.get_start_method() == "forkserver"
+    (tmp_path / "a-file").write_text("")
+    session_cache = os.environ["NAS_CACHE"]
+    monkeypatch.setenv("NAS_CACHE", str(tmp_path / "a-file" / "cache"))  # under a file: cannot be created
+    forkserver._forkserver._stop()  # a server an earlier test started would not hold the variable above
+    forkserver.ensure_running()
+    monkeypatch.setenv("NAS_CACHE", session_cache)
+    storage = sqlite_url(tmp_path / "fork.db")
+    config = SearchConfig(space=SpaceOptions(space="prism", layers=4), preset="tiny", storage=storage,
+                          study_name="fork", trials=3, workers=2, train_overrides=(("tokens", 1_024),))
+    run_search(config)
+    trials = load_trials(storage, "fork")
+    assert_no_repeated_work(trials, 3)
 
 
 def test_four_local_workers_on_the_default_sqlite_storage(tmp_path):
