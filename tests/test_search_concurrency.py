@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import re
 import signal
 import subprocess
 import time
@@ -121,6 +122,9 @@ def test_four_local_workers_on_the_default_sqlite_storage(tmp_path):
 
     trials = load_trials(sqlite_url(tmp_path / "nas.db"), "four")
     assert_no_repeated_work(trials, 8)  # exact count, no (shape, seed) twice, every result stored
+    # the last line's peak memory is the largest process's: a worker's, each trial records its own so far
+    printed = float(re.search(r"peak memory (\d+) MB", proc.stderr.splitlines()[-1]).group(1))
+    assert printed >= max(t.user_attrs["peak_memory_mb"] for t in counted(trials)) - 1, proc.stderr.splitlines()[-1]
     members = members_of(SpaceOptions(space="prism", layers=6))
     assert sorted(key_seed(t) for t in counted(trials) if t.user_attrs["seed"] == 0) == sorted((m, 0) for m in members)
     assert trials[0].user_attrs["role"] == "baseline"

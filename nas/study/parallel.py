@@ -129,6 +129,20 @@ def worker_context(places: list[Placement]) -> Any:
     return context
 
 
+def stop_fork_server(context: Any) -> None:
+    """End the fork server once the search's workers have: it reaped them, so once this process reaps it, its
+    ``RUSAGE_CHILDREN`` covers the workers (the search's last line states the largest process's peak memory, as
+    ``/usr/bin/time`` would), and no idle server holding torch outlives the search in a long-lived process. The next
+    search in this process starts a new one. CPython's ``ForkServer._stop`` (its own tests' way; absent, it stays)."""
+    if context.get_start_method() != "forkserver":
+        return
+    from multiprocessing import forkserver
+
+    stop = getattr(forkserver._forkserver, "_stop", None)
+    if stop is not None:
+        stop()
+
+
 def run_search(config: SearchConfig, on_event: Callable[[TrialEvent], None] | None = None,
                on_start: Callable[[Search], None] | None = None, note: StudyNote | None = None) -> Search:
     """Open (or resume) the study and run ``config.workers`` workers until it holds ``trials`` counted trials.
@@ -183,6 +197,7 @@ def run_search(config: SearchConfig, on_event: Callable[[TrialEvent], None] | No
         raise
     finally:
         _wait_for_workers(processes, queue)
+        stop_fork_server(context)
     if errors or (died and trials_done(search.study) < config.trials):
         raise SearchAborted("; ".join(errors + died))
     if note is not None and processes[0].exitcode != 0:  # worker 0, the note's writer, did not finish it
