@@ -118,8 +118,8 @@ def worker_context(places: list[Placement]) -> Any:
 
     CPU workers are forked from a fork server that has imported ``WORKER_MODULES`` once: a spawned worker imported
     torch itself, and at its optimizer's first step torch._dynamo, ~2.3 CPU-seconds a worker on a 2-core Xeon (fp32
-    matmul peak 344 GFLOP/s), more on a 2-core EPYC; a test file of multi-worker searches took 35 % less CPU. The fork
-    server is single-threaded but for the BLAS pools of numpy and scipy, which are fork-safe, and starts no torch
+    matmul peak 344 GFLOP/s), more on a 2-core EPYC; the test files of multi-worker searches took 35 % less CPU. The
+    fork server is single-threaded but for the BLAS pools of numpy and scipy, which are fork-safe, and starts no torch
     thread pool. Workers on a GPU are spawned: a process forked after anything has touched CUDA cannot use it, and
     spawn is the path the GPU checks passed on. So is every worker where the platform has no fork server (Windows)."""
     if any(p.label != "cpu" for p in places) or "forkserver" not in multiprocessing.get_all_start_methods():
