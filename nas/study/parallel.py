@@ -12,6 +12,7 @@ import multiprocessing
 import os
 import queue as queue_module
 import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -121,8 +122,9 @@ def worker_context(places: list[Placement]) -> Any:
     matmul peak 344 GFLOP/s), more on a 2-core EPYC; the test files of multi-worker searches took 35 % less CPU. The
     fork server is single-threaded but for the BLAS pools of numpy and scipy, which are fork-safe, and starts no torch
     thread pool. Workers on a GPU are spawned: a process forked after anything has touched CUDA cannot use it, and
-    spawn is the path the GPU checks passed on. So is every worker where the platform has no fork server (Windows)."""
-    if any(p.label != "cpu" for p in places) or "forkserver" not in multiprocessing.get_all_start_methods():
+    spawn is the path the GPU checks passed on. So is every worker off Linux: Windows has no fork, and on macOS a
+    fork after its system frameworks started (Accelerate, under numpy) is not safe, which is why Python spawns there."""
+    if any(p.label != "cpu" for p in places) or not sys.platform.startswith("linux"):
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(WORKER_MODULES)
