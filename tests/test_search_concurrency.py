@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import time
+from multiprocessing import forkserver
 from pathlib import Path
 
 import optuna
@@ -32,7 +33,8 @@ from search_helpers import (
 )
 
 from nas.study.config import SearchConfig
-from nas.study.parallel import run_search
+from nas.study.parallel import run_search, worker_context
+from nas.study.placement import Placement
 from nas.study.records import key_seed
 from nas.study.storage import make_storage
 from runners.presets import get_preset
@@ -89,11 +91,6 @@ def test_cpu_workers_fork_from_a_server_with_torch_imported_and_take_the_environ
     """CPU workers are forked from a fork server (``worker_context``), which imported torch and the trainer once;
     a worker must still see the environment of the search that starts it, not the server's from its start: here the
     server starts with a data cache no process can create, and the search runs with the session's."""
-    from multiprocessing import forkserver
-
-    from nas.study.parallel import worker_context
-    from nas.study.placement import Placement
-
     gpu = worker_context([Placement(0, "cuda", "cuda:0", 1)])
     assert gpu.get_start_method() == "spawn"  # a GPU worker is spawned: nothing before it has touched CUDA
     context = worker_context([Placement(0, "cpu", "cpu", 1), Placement(1, "auto", "cpu", 1)])
