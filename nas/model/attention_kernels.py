@@ -235,8 +235,10 @@ class FusedCausalAttention(torch.autograd.Function):
 
     Input q (already times 1/sqrt(Dh)) (B, H, T, Dh), k, v (B, KV, T, Dh) contiguous, query head h reading key/value
     head h // (H / KV) (HF's ``repeat_kv`` order; KV = H is multi-head); output (B, T, H, Dh), the layout the output
-    projection reads, so no copy follows. ``P = softmax(q k^T + causal mask)`` is computed for keys ``j <= i`` only
-    and its lower triangle kept for the backward (``N T (T + 1) / 2`` floats, N = B H); the backward is
+    projection reads, so no copy follows. ``P = softmax(q k^T + causal mask)`` is computed for keys ``j <= i`` only;
+    the backward keeps each row's max ``m_i`` and ``1 / l_i`` (2 N T floats, N = B H) and recomputes
+    ``P_ij = exp(S_ij - m_i) / l_i`` (FlashAttention's recomputation: cheaper on a CPU than writing P out and
+    reading it back), then
     ``dS = P (dO V^T - rowsum(dO * O))``, ``dQ = dS K``, ``dK = dS^T Q``, ``dV = P^T dO``. At head dims of 8 to 32
     this replaces batched matmuls with an inner dimension of Dh, the softmax and the layout copies of
     ``BlockedCausalAttention`` (measurements: benchmarks/RESULTS.md, "Design measurements").
@@ -245,15 +247,15 @@ class FusedCausalAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # the kernel reads raw memory (no copy: they are)
-        out, probs = fused_cpu.causal_attention_forward(q, k, v, keep_probs=not isinstance(ctx, _ForwardOnly))
-        if probs is not None:
-            ctx.save_for_backward(q, k, v, probs, out)  # out: the output projection keeps it anyway
+        out, stats = fused_cpu.causal_attention_forward(q, k, v, keep_stats=not isinstance(ctx, _ForwardOnly))
+        if stats is not None:
+            ctx.save_for_backward(q, k, v, stats, out)  # out: the output projection keeps it anyway
         return out
 
     @staticmethod
     def backward(ctx, d_out: torch.Tensor):
-        q, k, v, probs, out = ctx.saved_tensors
-        return fused_cpu.causal_attention_backward(d_out.contiguous(), out, q, k, v, probs)
+        q, k, v, stats, out = ctx.saved_tensors
+        return fused_cpu.causal_attention_backward(d_out.contiguous(), out, q, k, v, stats)
 
 
 TRANSPOSED_MAX_HEAD_DIM = 8  # BlockedCausalAttention computes Dh-wide products transposed up to this head dim

@@ -292,18 +292,20 @@ void causal_softmax_(float *restrict p, int64_t N, int64_t Tb, int64_t r0, int t
  * Only keys j <= i are touched (the masked half of the scores is never computed), 16 at a time (one AVX-512
  * vector, two AVX2 or four NEON ones: GCC's vector extension). The forward takes 16 queries at once, query l in
  * lane l: the row max, the exp, the row sum and the Dh sums of P V are then lane-wise, with no sums across
- * lanes; each block's P is transposed in 16 x 16 tiles into the rows the backward reads. The backward takes one
+ * lanes. P itself is not kept: the forward keeps each row's max m_i and 1 / l_i, l_i = sum_j exp(S_ij - m_i),
+ * and the backward recomputes P_ij = exp(S_ij - m_i) / l_i (FlashAttention's recomputation, Dao et al. 2022,
+ * section 3.1; m and 1 / l rather than m + log l: a log per row cost as much as the rest of the forward's stores): on 2 cores, writing P's triangles out (1.6 MB a layer at the cpu proxy's B 4, H 12, T 128) and reading
+ * them back from beyond the cache cost more than the recomputed scores and exps. The backward takes one
  * query row at a time with 16 keys in the lanes: its keys and values are transposed to (Dh, Tp), Tp = T rounded
- * up to 16 and zero past T, and a chunk's dS and the Dh partial sums of dQ stay in registers across the loop
- * over d. At Dh = 8 this replaces batched matmuls whose inner dimension is 8 (where a GEMM library spends most
+ * up to 16 and zero past T, and a chunk's P, dS and the Dh partial sums of dQ stay in registers across the loop
+ * over d; the head's P and dS triangles go to the thread's workspace (hot in its cache) for the key pass. At Dh = 8 this replaces batched matmuls whose inner dimension is 8 (where a GEMM library spends most
  * of its time packing), the separate softmax passes over scores too large for the cache, and the layout
  * copies. The head dim is a compile-time constant (8, 12, 16, 24 or 32: one copy each).
  * Grouped-query attention (KV < H key/value heads, query head h reading key/value head h / (H / KV), HF's
  * repeat_kv order) is the same loop: the backward transposes a key/value head once for its H / KV query
  * heads and runs a group's query heads in turn on one thread, accumulating its dK, dV without races.
  * Layouts: q, dq (B, H, T, Dh); k, v, dk, dv (B, KV, T, Dh); out, d_out (B, T, H, Dh) (the output
- * projection's input as it is); probs, when not NULL, the lower triangles of P, query head n = b H + h's
- * row i at n T(T+1)/2 + i(i+1)/2. */
+ * projection's input as it is); stats, when not NULL, (B, H, 2, T): each query row's max m_i, then 1 / l_i. */
 #define CHUNK 16
 typedef float vec16 __attribute__((vector_size(CHUNK * sizeof(float))));
 typedef float vec8 __attribute__((vector_size(8 * sizeof(float))));
@@ -336,6 +338,27 @@ static inline vec16 keep_before(vec16 x, int64_t c, int64_t n, float fill) {
 static inline int64_t triangle(int64_t i) { return i * (i + 1) / 2; }
 
 static inline vec16 max16(vec16 a, vec16 b) { return blend16(a > b, a, b); }
+
+/* exp_f in each lane, in registers */
+static inline vec16 exp16(vec16 x) {
+    const vec16 lo = (vec16){0} - 87.33654f, hi = (vec16){0} + 88.37626f;
+    x = blend16(x < lo, lo, blend16(x > hi, hi, x));
+    vec16 t = x * 1.44269504088896341f + 0.5f;
+    vec16i ni = __builtin_convertvector(t, vec16i); /* truncation; floor below */
+    vec16 n = __builtin_convertvector(ni, vec16);
+    vec16i below = n > t; /* t < 0 not an integer: truncation went up */
+    ni += below; /* -1 where set */
+    n = __builtin_convertvector(ni, vec16);
+    vec16 r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    vec16 p = (vec16){0} + 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    return p * (vec16)((ni + 127) << 23); /* times 2^n */
+}
 
 /* the 16 x 16 block m (row r: m[r]) transposed in place: four rounds of swapping the off-diagonal w x w sub-blocks
  * of every 2w x 2w block (w = 8, 4, 2, 1), each a two-vector shuffle per row pair */
@@ -381,17 +404,19 @@ static inline vec16 keep_from(vec16 x, int64_t t, float fill) {
     return blend16(LANES >= (int32_t)t, x, (vec16){0} + fill);
 }
 
-/* the (Dh, Tp) transpose of x (T, Dh), zero past T */
-static inline void transpose_padded(const float *restrict x, float *restrict x_t, int64_t T, int64_t Tp, int64_t Dh) {
+/* the (Dh, Tp) transpose of x (T rows of Dh, row j at x + j stride), zero past T */
+static inline void transpose_padded(const float *restrict x, int64_t stride, float *restrict x_t, int64_t T,
+                                    int64_t Tp, int64_t Dh) {
     for (int64_t d = 0; d < Dh; d++) {
-        for (int64_t j = 0; j < T; j++) x_t[d * Tp + j] = x[j * Dh + d];
+        for (int64_t j = 0; j < T; j++) x_t[d * Tp + j] = x[j * stride + d];
         for (int64_t j = T; j < Tp; j++) x_t[d * Tp + j] = 0.0f;
     }
 }
 
 /* transpose_padded, its loops at a constant head dim where the kernels have one */
-static void transpose_head(const float *restrict x, float *restrict x_t, int64_t T, int64_t Tp, int64_t Dh) {
-    WITH_CONSTANT_HEAD_DIM(Dh, transpose_padded(x, x_t, T, Tp, dh))
+static void transpose_head(const float *restrict x, int64_t stride, float *restrict x_t, int64_t T, int64_t Tp,
+                           int64_t Dh) {
+    WITH_CONSTANT_HEAD_DIM(Dh, transpose_padded(x, stride, x_t, T, Tp, dh))
 }
 
 /* rows c .. c + 15 (those below T) of x (T, Dh) += the transpose of cols (Dh vectors, channel d of those 16 rows);
@@ -413,21 +438,20 @@ static inline void columns_to_rows(const vec16 *restrict cols, float *restrict x
     }
 }
 
-/* P's tile of queries i0 .. i0 + rows - 1 and keys j0 .. j0 + 15 from the block's unnormalised exp s (key j's 16
- * queries at s + 16 j) times inv, transposed into the rows of the lower triangles (row i at triangle(i)).
+/* a lower triangle's tile of queries i0 .. i0 + rows - 1 and keys j0 .. j0 + 15 from a block of 16 queries s (key
+ * j's 16 queries at s + 16 j), transposed into the triangle's rows (row i at triangle(i)).
  * Each row takes 16 keys at once, so on the diagonal (j0 = i0) a row's store runs past its end into the next
  * rows' first keys: the caller stores the diagonal tile first and then the tiles left of it, which rewrite those
  * keys (in the first block, i0 = 0, the later rows of the diagonal tile itself do). A store that would run past
- * the block's last row (its last row; any row when T < 16) stores only the row's own keys: past the block lies
- * the next head's triangle, maybe another thread's. */
-static inline void write_probs_tile(float *restrict probs, const float *restrict s, vec16 inv, int64_t i0,
-                                    int64_t rows, int64_t j0) {
+ * the block's last row (its last row; any row when T < 16) stores only the row's own keys. */
+static inline void write_rows_tile(float *restrict rows_out, const float *restrict s, int64_t i0, int64_t rows,
+                                   int64_t j0) {
     vec16 tile[CHUNK];
-    for (int r = 0; r < CHUNK; r++) tile[r] = load16(s + (j0 + r) * CHUNK) * inv;
+    for (int r = 0; r < CHUNK; r++) tile[r] = load16(s + (j0 + r) * CHUNK);
     transpose16(tile); /* row l: query i0 + l over keys j0 .. j0 + 15 */
     int64_t end = triangle(i0 + rows);
     for (int64_t l = 0; l < rows; l++) {
-        float *row = probs + triangle(i0 + l) + j0;
+        float *row = rows_out + triangle(i0 + l) + j0;
         if (j0 == i0 && triangle(i0 + l) + j0 + CHUNK > end)
             memcpy(row, &tile[l], (size_t)(l + 1) * sizeof(float)); /* keys i0 .. i0 + l */
         else
@@ -435,32 +459,39 @@ static inline void write_probs_tile(float *restrict probs, const float *restrict
     }
 }
 
-/* P's rows i0 .. keys - 1: the diagonal tile, then the ones left of it (see write_probs_tile) */
-static inline void write_probs(float *restrict probs, float *restrict s, vec16 inv, int64_t i0, int64_t keys) {
+/* the triangle's rows i0 .. keys - 1 from the block s: the diagonal tile, then the ones left of it (see
+ * write_rows_tile) */
+static inline void write_rows(float *restrict rows_out, float *restrict s, int64_t i0, int64_t keys) {
     for (int64_t j = keys; j < i0 + CHUNK; j++) store16(s + j * CHUNK, (vec16){0}); /* keys past T */
-    write_probs_tile(probs, s, inv, i0, keys - i0, i0);
-    for (int64_t j0 = 0; j0 < i0; j0 += CHUNK) write_probs_tile(probs, s, inv, i0, keys - i0, j0);
+    write_rows_tile(rows_out, s, i0, keys - i0, i0);
+    for (int64_t j0 = 0; j0 < i0; j0 += CHUNK) write_rows_tile(rows_out, s, i0, keys - i0, j0);
 }
 
 #define ATTENTION_FIXED(DH)                                                                                      \
+    /* sum_d x[d] y[d] over the 16 lanes (y broadcast), in two chains of FMAs (half the latency of one) */      \
+    static inline vec16 dot16_##DH(const vec16 *restrict x, const float *restrict y) {                          \
+        vec16 even = {0}, odd = {0};                                                                             \
+        _Pragma("GCC unroll 16") for (int d = 0; d < DH; d += 2) even += x[d] * y[d], odd += x[d + 1] * y[d + 1];\
+        return even + odd;                                                                                       \
+    }                                                                                                            \
+                                                                                                                 \
     /* one query head, 16 queries at a time, query l of the block in lane l: no sums across lanes. q_t (DH, Tp) \
      * the head's queries transposed; k, v (T, DH) its key/value head; s: Tp x 16 floats, the block's scores   \
-     * (key j's 16 in s + 16 j), then exp, then P */                                                          \
+     * (key j's 16 in s + 16 j), then their exp; stats (2, T) or NULL: the rows' max and 1 / sum for the backward */\
     static void attention_head_forward_##DH(const float *restrict q_t, const float *restrict k,                 \
                                             const float *restrict v, float *restrict out, int64_t out_stride,   \
-                                            float *restrict probs, float *restrict s, int64_t T, int64_t Tp) {  \
+                                            float *restrict stats, float *restrict s, int64_t T, int64_t Tp) {  \
         for (int64_t i0 = 0; i0 < T; i0 += CHUNK) {                                                              \
             int64_t keys = i0 + CHUNK < T ? i0 + CHUNK : T;                                                      \
             vec16 qd[DH], top = (vec16){0} - INFINITY;                                                           \
             _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) qd[d] = load16(q_t + d * Tp + i0);             \
             for (int64_t j = 0; j < keys; j++) {                                                                 \
-                vec16 sj = {0};                                                                                  \
-                _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) sj += qd[d] * k[j * DH + d];               \
+                vec16 sj = dot16_##DH(qd, k + j * DH);                                                           \
                 if (j >= i0) sj = keep_from(sj, j - i0, -INFINITY);                                              \
                 store16(s + j * CHUNK, sj);                                                                      \
                 top = max16(top, sj);                                                                            \
             }                                                                                                    \
-            for (int64_t j = 0; j < keys; j++) { /* unnormalised: O and P are scaled once, below */             \
+            for (int64_t j = 0; j < keys; j++) { /* unnormalised: O is scaled once, below */                    \
                 float *restrict sj = s + j * CHUNK;                                                              \
                 _Pragma("omp simd") for (int l = 0; l < CHUNK; l++) sj[l] = exp_f(sj[l] - top[l]);               \
             }                                                                                                    \
@@ -476,36 +507,49 @@ static inline void write_probs(float *restrict probs, float *restrict s, vec16 i
             vec16 inv = 1.0f / total;                                                                            \
             _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) acc[d] *= inv;                                 \
             columns_to_rows(acc, out, out_stride, i0, T, DH, 0); /* row l: query i0 + l's output */              \
-            if (probs) write_probs(probs, s, inv, i0, keys);                                                     \
+            if (stats)                                                                                           \
+                for (int64_t l = 0; l < keys - i0; l++) stats[i0 + l] = top[l], stats[T + i0 + l] = inv[l];     \
         }                                                                                                        \
     }                                                                                                            \
                                                                                                                  \
-    /* one query head: writes its dq, adds its share of dK, dV to dk, dv (T, DH); ds: the lower triangle of     \
-     * its dS (as probs) plus CHUNK floats. Rows first (16 keys in the lanes): dS, and dQ in registers, summed    \
-     * across lanes once a row; then key chunks (dK, dV in registers over the rows that see them, added to dk, \
-     * dv once a chunk through a tile transpose) */                                                           \
+    /* one query head: writes its dq, adds its share of dK, dV to dk, dv (T, DH). First blocks of 16 queries, query  \
+     * l in lane l as in the forward (no sums across lanes): P recomputed from the scores and stats, dS, dQ in \
+     * registers; each block's P and dS (sp, sds: Tp x 16 floats, key j's 16 at + 16 j) transposed in 16 x 16   \
+     * tiles into the rows of the lower triangles p, ds (plus CHUNK floats each). Then key chunks, 16 keys in the  \
+     * lanes (dK, dV in registers over the rows that see them, added to dk, dv once a chunk through a tile        \
+     * transpose). q_t, g_t (DH, Tp): the head's queries and output gradients transposed */                    \
     static void attention_head_backward_##DH(const float *restrict d_out, const float *restrict out,             \
-                                             int64_t stride, const float *restrict q, const float *restrict k_t, \
-                                             const float *restrict v_t, const float *restrict probs,             \
+                                             int64_t stride, const float *restrict q, const float *restrict q_t, \
+                                             const float *restrict g_t, const float *restrict k,                 \
+                                             const float *restrict v, const float *restrict stats,               \
                                              float *restrict dq, float *restrict dk, float *restrict dv,         \
+                                             float *restrict sp, float *restrict sds, float *restrict p,         \
                                              float *restrict ds, int64_t T, int64_t Tp) {                        \
-        for (int64_t i = 0; i < T; i++) {                                                                        \
-            int64_t n = i + 1, width = (n + CHUNK - 1) / CHUNK * CHUNK;                                          \
-            const float *restrict g = d_out + i * stride, *restrict oi = out + i * stride;                       \
-            const float *restrict p_row = probs + triangle(i); /* read to width: CHUNK floats of slack at the end */\
-            float *restrict ds_row = ds + triangle(i); /* a store past the row's end: the next row's, made later */\
-            float D = 0.0f; /* sum_j P_ij dP_ij = dO_i . O_i (FlashAttention-2): no pass over the keys */        \
-            for (int d = 0; d < DH; d++) D += g[d] * oi[d];                                                      \
-            vec16 acc[DH];                                                                                       \
-            _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) acc[d] = (vec16){0};                           \
-            for (int64_t c = 0; c < width; c += CHUNK) {                                                         \
-                vec16 dp = {0};                                                                                  \
-                _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) dp += g[d] * load16(v_t + d * Tp + c);     \
-                vec16 dsc = keep_before(load16(p_row + c), c, n, 0.0f) * (dp - D);                               \
-                store16(ds_row + c, dsc);                                                                        \
-                _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) acc[d] += dsc * load16(k_t + d * Tp + c);  \
+        for (int64_t i0 = 0; i0 < T; i0 += CHUNK) {                                                              \
+            int64_t keys = i0 + CHUNK < T ? i0 + CHUNK : T;                                                      \
+            float m_block[CHUNK] = {0}, inv_block[CHUNK] = {0}, d_block[CHUNK] = {0}; /* past T: 0, as q, dO */ \
+            for (int64_t l = 0; l < keys - i0; l++) { /* D_i = sum_j P_ij dP_ij = dO_i . O_i (FlashAttention-2) */\
+                const float *restrict g = d_out + (i0 + l) * stride, *restrict o = out + (i0 + l) * stride;     \
+                float D = 0.0f;                                                                                  \
+                for (int d = 0; d < DH; d++) D += g[d] * o[d];                                                   \
+                d_block[l] = D, m_block[l] = stats[i0 + l], inv_block[l] = stats[T + i0 + l];                    \
             }                                                                                                    \
-            _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) dq[i * DH + d] = sum16(acc[d]);                \
+            vec16 qd[DH], gd[DH], dqd[DH], M = load16(m_block), inv = load16(inv_block), D = load16(d_block);    \
+            _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) {                                              \
+                qd[d] = load16(q_t + d * Tp + i0), gd[d] = load16(g_t + d * Tp + i0), dqd[d] = (vec16){0};       \
+            }                                                                                                    \
+            for (int64_t j = 0; j < keys; j++) {                                                                 \
+                vec16 sj = dot16_##DH(qd, k + j * DH), dp = dot16_##DH(gd, v + j * DH);                          \
+                vec16 pj = exp16(sj - M) * inv; /* S as the forward computed it; masked lanes stay finite */     \
+                if (j >= i0) pj = keep_from(pj, j - i0, 0.0f); /* queries before key j: 0 */                     \
+                vec16 dsj = pj * (dp - D);                                                                       \
+                store16(sp + j * CHUNK, pj);                                                                     \
+                store16(sds + j * CHUNK, dsj);                                                                   \
+                _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) dqd[d] += dsj * k[j * DH + d];             \
+            }                                                                                                    \
+            columns_to_rows(dqd, dq, DH, i0, T, DH, 0); /* row l: query i0 + l's dQ */                           \
+            write_rows(p, sp, i0, keys);                                                                         \
+            write_rows(ds, sds, i0, keys);                                                                       \
         }                                                                                                        \
         for (int64_t c = 0; c < T; c += CHUNK) { /* rows i >= c see keys c ..; below c + 15 only some of them */ \
             vec16 dkc[DH], dvc[DH];                                                                              \
@@ -518,10 +562,10 @@ static inline void write_probs(float *restrict probs, float *restrict s, vec16 i
             columns_to_rows(dkc, dk, DH, c, T, DH, 1);                                                           \
             _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) dvc[d] = (vec16){0};                           \
             for (int64_t i = c; i < T; i++) {                                                                    \
-                vec16 p = load16(probs + triangle(i) + c);                                                       \
-                if (i < c + CHUNK - 1) p = keep_before(p, c, i + 1, 0.0f);                                       \
+                vec16 pc = load16(p + triangle(i) + c);                                                          \
+                if (i < c + CHUNK - 1) pc = keep_before(pc, c, i + 1, 0.0f);                                     \
                 const float *restrict g = d_out + i * stride;                                                    \
-                _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) dvc[d] += p * g[d];                        \
+                _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) dvc[d] += pc * g[d];                       \
             }                                                                                                    \
             columns_to_rows(dvc, dv, DH, c, T, DH, 1);                                                           \
         }                                                                                                        \
@@ -536,7 +580,8 @@ ATTENTION_FIXED(32)
 typedef void (*head_forward_fn)(const float *, const float *, const float *, float *, int64_t, float *, float *,
                                 int64_t, int64_t);
 typedef void (*head_backward_fn)(const float *, const float *, int64_t, const float *, const float *, const float *,
-                                 const float *, float *, float *, float *, float *, int64_t, int64_t);
+                                 const float *, const float *, const float *, float *, float *, float *, float *,
+                                 float *, float *, float *, int64_t, int64_t);
 
 /* the per-head kernels for this head dim, NULL where there is none */
 static head_forward_fn head_forward(int64_t Dh) {
@@ -567,14 +612,14 @@ static inline int64_t padded(int64_t T) { return (T + CHUNK - 1) / CHUNK * CHUNK
 
 /* workspace: threads x attention_workspace(T, Dh) floats, one slice per thread */
 int64_t attention_workspace(int64_t T, int64_t Dh) {
-    int64_t forward = (Dh + CHUNK) * padded(T), backward = 2 * Dh * padded(T) + triangle(T) + CHUNK;
+    int64_t forward = (Dh + CHUNK) * padded(T), backward = 2 * (Dh + CHUNK) * padded(T) + 2 * (triangle(T) + CHUNK);
     return forward > backward ? forward : backward;
 }
 
 /* both passes: parallel over (batch, key/value head), each task owning its key/value head and its H / KV query
  * heads; the head dim must be one causal_attention_supports accepts (the Python wrapper checks) */
 void causal_attention_forward(const float *restrict q, const float *restrict k, const float *restrict v,
-                              float *restrict out, float *restrict probs, float *restrict workspace, int64_t B,
+                              float *restrict out, float *restrict stats, float *restrict workspace, int64_t B,
                               int64_t H, int64_t KV, int64_t T, int64_t Dh, int threads) {
     int64_t Tp = padded(T), group = H / KV;
     head_forward_fn kernel = head_forward(Dh);
@@ -587,16 +632,16 @@ void causal_attention_forward(const float *restrict q, const float *restrict k, 
             int64_t b = task / KV, kv = task % KV;
             for (int64_t h = kv * group; h < (kv + 1) * group; h++) {
                 int64_t n = b * H + h;
-                transpose_head(q + n * T * Dh, q_t, T, Tp, Dh);
+                transpose_head(q + n * T * Dh, Dh, q_t, T, Tp, Dh);
                 kernel(q_t, k + task * T * Dh, v + task * T * Dh, out + (b * T * H + h) * Dh, H * Dh,
-                       probs ? probs + n * triangle(T) : NULL, scores, T, Tp);
+                       stats ? stats + 2 * n * T : NULL, scores, T, Tp);
             }
         }
     }
 }
 
 void causal_attention_backward(const float *restrict d_out, const float *restrict out, const float *restrict q,
-                               const float *restrict k, const float *restrict v, const float *restrict probs,
+                               const float *restrict k, const float *restrict v, const float *restrict stats,
                                float *restrict dq, float *restrict dk, float *restrict dv, float *restrict workspace,
                                int64_t B, int64_t H, int64_t KV, int64_t T, int64_t Dh, int threads) {
     int64_t Tp = padded(T), group = H / KV;
@@ -604,18 +649,19 @@ void causal_attention_backward(const float *restrict d_out, const float *restric
 #pragma omp parallel num_threads(threads) if (B * KV > 1 && B * H * triangle(T) * Dh >= PARALLEL_MIN)
     {
         float *work = workspace + omp_get_thread_num() * attention_workspace(T, Dh);
-        float *k_t = work, *v_t = work + Dh * Tp, *ds = work + 2 * Dh * Tp;
+        float *q_t = work, *g_t = q_t + Dh * Tp, *sp = g_t + Dh * Tp, *sds = sp + CHUNK * Tp, *p = sds + CHUNK * Tp;
+        float *ds = p + triangle(T) + CHUNK;
 #pragma omp for schedule(static)
         for (int64_t task = 0; task < B * KV; task++) {
             int64_t b = task / KV, kv = task % KV;
-            transpose_head(k + task * T * Dh, k_t, T, Tp, Dh);
-            transpose_head(v + task * T * Dh, v_t, T, Tp, Dh);
             memset(dk + task * T * Dh, 0, sizeof(float) * T * Dh);
             memset(dv + task * T * Dh, 0, sizeof(float) * T * Dh);
             for (int64_t h = kv * group; h < (kv + 1) * group; h++) {
                 int64_t n = b * H + h, at = (b * T * H + h) * Dh;
-                kernel(d_out + at, out + at, H * Dh, q + n * T * Dh, k_t, v_t, probs + n * triangle(T),
-                       dq + n * T * Dh, dk + task * T * Dh, dv + task * T * Dh, ds, T, Tp);
+                transpose_head(q + n * T * Dh, Dh, q_t, T, Tp, Dh);
+                transpose_head(d_out + at, H * Dh, g_t, T, Tp, Dh);
+                kernel(d_out + at, out + at, H * Dh, q + n * T * Dh, q_t, g_t, k + task * T * Dh, v + task * T * Dh,
+                       stats + 2 * n * T, dq + n * T * Dh, dk + task * T * Dh, dv + task * T * Dh, sp, sds, p, ds, T, Tp);
             }
         }
     }

@@ -46,7 +46,6 @@ SOURCE = Path(__file__).with_name("fused_cpu.c")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared")
 ENV_SWITCH = "NAS_FUSED_CPU"  # "0" disables the kernels (PyTorch ops instead)
 BUILD_TIMEOUT_S = 120
-ATTENTION_SLACK = 16  # floats past the last head's probabilities: the backward reads each row in 16-key vectors
 
 _P, _I64, _INT, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 _SIGNATURES = {
@@ -292,38 +291,40 @@ def causal_softmax_(scores: torch.Tensor, r0: int) -> torch.Tensor:
 
 
 def causal_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                             keep_probs: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(output (B, T, H, Dh), the lower triangles of P (B H T (T + 1) / 2 + slack,) if ``keep_probs``) of causal
-    attention ``softmax(q k^T + mask) v`` from contiguous q (B, H, T, Dh) (already times 1/sqrt(Dh)) and k, v
-    (B, KV, T, Dh), KV dividing H (query head h reads key/value head h // (H / KV))."""
+                             keep_stats: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(output (B, T, H, Dh), if ``keep_stats`` each query row's softmax statistics (B, H, 2, T): its max
+    ``m_i = max_{j <= i} S_ij``, then ``1 / l_i``, ``l_i = sum_{j <= i} exp(S_ij - m_i)``: what the backward
+    recomputes ``P_ij = exp(S_ij - m_i) / l_i`` from) of causal attention ``softmax(q k^T + mask) v`` from
+    contiguous q (B, H, T, Dh) (already times 1/sqrt(Dh)) and k, v (B, KV, T, Dh), KV dividing H (query head h reads
+    key/value head h // (H / KV))."""
     B, H, T, Dh = q.shape
     KV = k.shape[1]
     if not library().causal_attention_supports(Dh) or H % KV or k.shape != v.shape or k.shape != (B, KV, T, Dh):
         raise ValueError(f"no fused attention for q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     out = q.new_empty(B, T, H, Dh)
-    probs = q.new_empty(B * H * T * (T + 1) // 2 + ATTENTION_SLACK) if keep_probs else None
+    stats = q.new_empty(B, H, 2, T) if keep_stats else None
     threads = torch.get_num_threads()
     workspace = _attention_workspace(q, threads)  # held here: the call only sees its address
-    library().causal_attention_forward(_ptr(q), _ptr(k), _ptr(v), _ptr(out), _ptr(probs) if keep_probs else None,
+    library().causal_attention_forward(_ptr(q), _ptr(k), _ptr(v), _ptr(out), _ptr(stats) if keep_stats else None,
                                        _ptr(workspace), B, H, KV, T, Dh, threads)
-    return out, probs
+    return out, stats
 
 
 def _attention_workspace(q: torch.Tensor, threads: int) -> torch.Tensor:
     """Each thread's scratch for the attention kernels (the forward's transposed queries and block of scores; the
-    backward's transposed keys and values and one head's dS triangle)."""
+    backward's transposed queries and output gradients, a block of P and dS, and one head's P and dS triangles)."""
     T, Dh = q.shape[-2:]
     return q.new_empty(threads * library().attention_workspace(T, Dh))
 
 
 def causal_attention_backward(d_out: torch.Tensor, out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
-                              v: torch.Tensor, probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                              v: torch.Tensor, stats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv), shaped as q, k, v, of ``causal_attention_forward`` given the contiguous (B, T, H, Dh) ``d_out``
-    and the forward's own ``out``."""
+    and the forward's own ``out`` and ``stats`` (P is recomputed from q, k and them)."""
     B, H, T, Dh = q.shape
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     threads = torch.get_num_threads()
     workspace = _attention_workspace(q, threads)  # held here: the call only sees its address
-    library().causal_attention_backward(_ptr(d_out), _ptr(out), _ptr(q), _ptr(k), _ptr(v), _ptr(probs), _ptr(dq),
+    library().causal_attention_backward(_ptr(d_out), _ptr(out), _ptr(q), _ptr(k), _ptr(v), _ptr(stats), _ptr(dq),
                                         _ptr(dk), _ptr(dv), _ptr(workspace), B, H, k.shape[1], T, Dh, threads)
     return dq, dk, dv
