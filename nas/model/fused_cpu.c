@@ -446,6 +446,14 @@ static inline void columns_to_rows(const vec16 *restrict cols, float *restrict x
  * the block's last row (its last row; any row when T < 16) stores only the row's own keys. */
 static inline void write_rows_tile(float *restrict rows_out, const float *restrict s, int64_t i0, int64_t rows,
                                    int64_t j0) {
+#if !defined(__AVX512F__) /* 16-float vectors in two or four registers: the tile transpose spills; copy by lanes */
+    for (int64_t l = 0; l < rows; l++) {
+        float *row = rows_out + triangle(i0 + l) + j0;
+        int64_t width = j0 == i0 ? l + 1 : CHUNK; /* on the diagonal, the row's own keys only */
+        for (int64_t c = 0; c < width; c++) row[c] = s[(j0 + c) * CHUNK + l];
+    }
+    return;
+#endif
     vec16 tile[CHUNK];
     for (int r = 0; r < CHUNK; r++) tile[r] = load16(s + (j0 + r) * CHUNK);
     transpose16(tile); /* row l: query i0 + l over keys j0 .. j0 + 15 */
@@ -538,12 +546,12 @@ static inline void write_rows(float *restrict rows_out, float *restrict s, int64
             _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) {                                              \
                 qd[d] = load16(q_t + d * Tp + i0), gd[d] = load16(g_t + d * Tp + i0), dqd[d] = (vec16){0};       \
             }                                                                                                    \
+            for (int64_t j = 0; j < keys; j++) { /* P first: two loops hold half the vectors one would */       \
+                vec16 pj = exp16(dot16_##DH(qd, k + j * DH) - M) * inv; /* S as the forward computed it */        \
+                store16(sp + j * CHUNK, j >= i0 ? keep_from(pj, j - i0, 0.0f) : pj); /* queries before j: 0 */   \
+            }                                                                                                    \
             for (int64_t j = 0; j < keys; j++) {                                                                 \
-                vec16 sj = dot16_##DH(qd, k + j * DH), dp = dot16_##DH(gd, v + j * DH);                          \
-                vec16 pj = exp16(sj - M) * inv; /* S as the forward computed it; masked lanes stay finite */     \
-                if (j >= i0) pj = keep_from(pj, j - i0, 0.0f); /* queries before key j: 0 */                     \
-                vec16 dsj = pj * (dp - D);                                                                       \
-                store16(sp + j * CHUNK, pj);                                                                     \
+                vec16 dsj = load16(sp + j * CHUNK) * (dot16_##DH(gd, v + j * DH) - D);                           \
                 store16(sds + j * CHUNK, dsj);                                                                   \
                 _Pragma("GCC unroll 16") for (int d = 0; d < DH; d++) dqd[d] += dsj * k[j * DH + d];             \
             }                                                                                                    \
