@@ -286,8 +286,9 @@ def fused_attention_pays() -> bool:
 
 def use_fused_attention(q: torch.Tensor) -> bool:
     """Whether attention on q (B, H, T, Dh), grouped or not, takes ``FusedCausalAttention``: CPU fp32 with the
-    kernels built, a head dim it has a kernel for, a CPU where it pays (or ``FUSED_ATTENTION_FORCED``), and the
-    context and saved probabilities within ``use_blocked_attention``'s bounds."""
+    kernels built, a head dim it has a kernel for, a CPU where it pays (or ``FUSED_ATTENTION_FORCED``), and a call
+    within ``use_blocked_attention``'s bounds: where it was measured against SDPA's flash kernel. (It keeps no
+    probabilities itself, 2 N T floats of row statistics, so its own memory would allow more.)"""
     B, H, T, Dh = q.shape
     wanted = fused_attention_pays() if FUSED_ATTENTION_FORCED is None else FUSED_ATTENTION_FORCED
     return (Dh in FUSED_ATTENTION_HEAD_DIMS and wanted
