@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import subprocess
+import sys
 import urllib.request
 
 import pytest
-from search_helpers import sqlite_url, start_nas, stop, wait_for
+from search_helpers import nas_env, sqlite_url, start_nas, stop, wait_for
 from typer.testing import CliRunner
 
 from nas.cli import app
@@ -65,3 +67,35 @@ def test_dashboard_serves_the_study_and_its_trial_attrs(tmp_path, one_thread):
 def test_dashboard_with_a_bad_option_value_prints_one_line_and_exits_2(tmp_path, args, says):
     result = CliRunner().invoke(app, ["dashboard", "--storage", sqlite_url(tmp_path / "x.db"), *args])
     assert result.exit_code == 2 and result.stderr.count("\n") == 1 and says in result.stderr
+
+
+NOTE_WRITER_SCRIPT = """
+import sys
+import optuna
+from reports import dashboard_note
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+study = optuna.create_study()
+dashboard_note.dashboard_save_note()(study, "## light")
+light = ("optuna_dashboard" in sys.modules, "sklearn" in sys.modules)
+from optuna_dashboard import get_note
+light_body = get_note(study)
+# a layout where the module does not load alone: the package's own save_note
+dashboard_note.dashboard_save_note.cache_clear()
+def refuse(*args, **kwargs):
+    raise ImportError("no such layout")
+dashboard_note.importlib.util.spec_from_file_location = refuse
+dashboard_note.dashboard_save_note()(study, "## fallback")
+print(light, light_body, dashboard_note.dashboard_save_note().__module__, get_note(study))
+"""
+
+
+def test_the_note_is_written_without_importing_the_dashboard_server_and_reads_back_in_the_dashboard():
+    """A search process writes the study note with optuna-dashboard's own ``save_note`` loaded from its module alone:
+    neither the package (its server) nor scikit-learn (under ``optuna.importance``) is imported, ~1-2 s of CPU per
+    search; where the module does not load alone the package's ``save_note`` writes it; optuna-dashboard reads both."""
+    done = subprocess.run([sys.executable, "-c", NOTE_WRITER_SCRIPT], env=nas_env(), capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["(False,", "False)", "##", "light", "optuna_dashboard._note", "##", "fallback"], \
+        done.stdout
