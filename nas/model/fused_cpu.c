@@ -136,7 +136,8 @@ void rmsnorm_backward(const float *restrict dy, const float *restrict x, const f
 
 /* ------------------------------------------------------------------ RoPE on the fused QKV projection
  * qkv: (B, T, 3, H, Dh), the d -> 3d projection's output; out: (3, B, H, T, Dh): q and k rotated (q also
- * multiplied by q_scale, the attention's 1/sqrt(Dh), which saves a pass over q), v copied. cos, sin: (T, half) with half = rot_dim / 2; channel i < half pairs with i + half
+ * multiplied by q_scale, the attention's 1/sqrt(Dh), which saves a pass over q), v copied. cos, sin: (T, half)
+ * with half = rot_dim / 2; channel i < half pairs with i + half
  * (HF LLaMA rotate_half): o_i = x_i cos - x_{i+half} sin, o_{i+half} = x_{i+half} cos + x_i sin.
  * Channels from 2 half on (odd head dims) are copied.                     (Su et al. 2021) */
 static inline void rotate_row_any(const float *restrict x, float *restrict o, const float *restrict c,
@@ -294,16 +295,18 @@ void causal_softmax_(float *restrict p, int64_t N, int64_t Tb, int64_t r0, int t
  * lane l: the row max, the exp, the row sum and the Dh sums of P V are then lane-wise, with no sums across
  * lanes. P itself is not kept: the forward keeps each row's max m_i and 1 / l_i, l_i = sum_j exp(S_ij - m_i),
  * and the backward recomputes P_ij = exp(S_ij - m_i) / l_i (FlashAttention's recomputation, Dao et al. 2022,
- * section 3.1; m and 1 / l rather than m + log l: a log per row cost as much as the rest of the forward's stores): on 2 cores, writing P's triangles out (1.6 MB a layer at the cpu proxy's B 4, H 12, T 128) and reading
- * them back from beyond the cache cost more than the recomputed scores and exps. The backward takes one
- * query row at a time with 16 keys in the lanes: its keys and values are transposed to (Dh, Tp), Tp = T rounded
- * up to 16 and zero past T, and a chunk's P, dS and the Dh partial sums of dQ stay in registers across the loop
- * over d; the head's P and dS triangles go to the thread's workspace (hot in its cache) for the key pass. At Dh = 8 this replaces batched matmuls whose inner dimension is 8 (where a GEMM library spends most
- * of its time packing), the separate softmax passes over scores too large for the cache, and the layout
- * copies. The head dim is a compile-time constant (8, 12, 16, 24 or 32: one copy each).
+ * section 3.1): on 2 cores, writing P's triangles out (1.6 MB a layer at the cpu proxy's B 4, H 12, T 128) and
+ * reading them back from beyond the cache cost more than the scores and exps again (m and 1 / l rather than
+ * m + log l: a scalar log per row cost as much as the rest of the forward's stores). The backward's first pass
+ * takes 16 queries at once too, in two loops over the keys (P; then dS and dQ, whose Dh sums stay in registers),
+ * and transposes each block's P and dS into per-thread lower triangles (hot in its cache); its second pass takes
+ * 16 keys at once, dK and dV in registers over the rows that see them. At Dh = 8 this replaces batched matmuls
+ * whose inner dimension is 8 (where a GEMM library spends most of its time packing), the separate softmax passes
+ * over scores too large for the cache, and the layout copies. The head dim is a compile-time constant (8, 12, 16,
+ * 24 or 32: one copy each).
  * Grouped-query attention (KV < H key/value heads, query head h reading key/value head h / (H / KV), HF's
- * repeat_kv order) is the same loop: the backward transposes a key/value head once for its H / KV query
- * heads and runs a group's query heads in turn on one thread, accumulating its dK, dV without races.
+ * repeat_kv order) is the same loop: a task owns a key/value head and runs its H / KV query heads in turn on one
+ * thread, accumulating their dK, dV without races.
  * Layouts: q, dq (B, H, T, Dh); k, v, dk, dv (B, KV, T, Dh); out, d_out (B, T, H, Dh) (the output
  * projection's input as it is); stats, when not NULL, (B, H, 2, T): each query row's max m_i, then 1 / l_i. */
 #define CHUNK 16
@@ -668,8 +671,9 @@ void causal_attention_backward(const float *restrict d_out, const float *restric
                 int64_t n = b * H + h, at = (b * T * H + h) * Dh;
                 transpose_head(q + n * T * Dh, Dh, q_t, T, Tp, Dh);
                 transpose_head(d_out + at, H * Dh, g_t, T, Tp, Dh);
-                kernel(d_out + at, out + at, H * Dh, q + n * T * Dh, q_t, g_t, k + task * T * Dh, v + task * T * Dh,
-                       stats + 2 * n * T, dq + n * T * Dh, dk + task * T * Dh, dv + task * T * Dh, sp, sds, p, ds, T, Tp);
+                kernel(d_out + at, out + at, H * Dh, q + n * T * Dh, q_t, g_t, k + task * T * Dh,
+                       v + task * T * Dh, stats + 2 * n * T, dq + n * T * Dh, dk + task * T * Dh, dv + task * T * Dh,
+                       sp, sds, p, ds, T, Tp);
             }
         }
     }
