@@ -75,15 +75,16 @@ def run_search(trials: int, folder: Path, cache: str | None, extra: list[str]) -
 
 
 def matmul_share(arch_dict: dict[str, Any], train_dict: dict[str, Any]) -> float:
-    """The share of a training step's time spent in matmul kernels (mm, addmm, bmm, linear's and attention's), from
-    ``torch.profiler`` over steps of the baseline at one thread, after a warm-up."""
+    """The share of a training step's time spent in matmul kernels (mm, addmm and its in-place form, bmm, linear's and
+    attention's), from ``torch.profiler`` over steps of the baseline at one thread, after a warm-up; the step is a
+    trial's (forward, backward, clip, AdamW, and the weight average where the preset scores one)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     from nas.arch import ArchConfig
     from nas.model.transformer import Transformer
     from runners.config import TrainConfig
-    from runners.proxy import build_optimizer
+    from runners.proxy import build_optimizer, update_average
 
     torch.set_num_threads(1)
     arch, cfg = ArchConfig.from_dict(arch_dict), TrainConfig.from_dict(train_dict)
@@ -93,11 +94,16 @@ def matmul_share(arch_dict: dict[str, Any], train_dict: dict[str, Any]) -> float
     x = torch.randint(0, arch.vocab_size, (cfg.batch_size, cfg.seq_len))
     y = torch.randint(0, arch.vocab_size, (cfg.batch_size, cfg.seq_len))
 
+    params = [p for p in model.parameters() if p.requires_grad]
+    average = [p.detach().clone() for p in params] if cfg.ema_decay > 0 else None
+
     def step() -> None:
         model(x, y).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip, foreach=True)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if average is not None:
+            update_average(average, params, cfg.ema_decay)
 
     for _ in range(5):
         step()
@@ -107,7 +113,7 @@ def matmul_share(arch_dict: dict[str, Any], train_dict: dict[str, Any]) -> float
     events = prof.key_averages()
     total = sum(e.self_cpu_time_total for e in events)
     matmul = sum(e.self_cpu_time_total for e in events
-                 if e.key in ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul")
+                 if e.key in ("aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm", "aten::matmul")
                  or "sgemm" in e.key.lower() or "flash_attention" in e.key.lower())
     return matmul / total if total else 0.0
 
