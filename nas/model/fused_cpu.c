@@ -14,20 +14,21 @@
 #define PARALLEL_MIN 32768 /* elements below which a kernel runs on one thread (fork/join costs more) */
 
 /* exp(x) for float: Cephes expf (range reduction by ln 2, degree-6 polynomial), ~1 ulp.
- * Written so that GCC vectorises it (no libm call in the loop). */
+ * Written so that GCC vectorises it (no libm call in the loop). EXP_MIN, EXP_MAX: 2^n stays a normal float;
+ * EXP_REDUCED(x, n): r = x - n ln 2 in two parts; EXP_POLYNOMIAL(r): exp(r) for |r| <= ln 2 / 2. The macros take a
+ * float or a vector (exp16 below): one set of constants for both. */
+#define EXP_MIN (-87.33654f)
+#define EXP_MAX 88.37626f
+#define LOG2_E 1.44269504088896341f
+#define EXP_REDUCED(x, n) ((x) - (n) * 0.693359375f + (n) * 2.12194440e-4f)
+#define EXP_POLYNOMIAL(r)                                                                                              \
+    ((((((1.9875691500e-4f * (r) + 1.3981999507e-3f) * (r) + 8.3334519073e-3f) * (r) + 4.1665795894e-2f) * (r) +     \
+       1.6666665459e-1f) * (r) + 5.0000001201e-1f) * (r) * (r) + (r) + 1.0f)
 static inline float exp_f(float x) {
-    x = x < -87.33654f ? -87.33654f : (x > 88.37626f ? 88.37626f : x); /* 2^n stays a normal float */
-    float n = floorf(x * 1.44269504088896341f + 0.5f);
-    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
+    x = x < EXP_MIN ? EXP_MIN : (x > EXP_MAX ? EXP_MAX : x);
+    float n = floorf(x * LOG2_E + 0.5f), r = EXP_REDUCED(x, n);
     union { int32_t i; float f; } scale = {((int32_t)n + 127) << 23}; /* 2^n */
-    return p * scale.f;
+    return EXP_POLYNOMIAL(r) * scale.f;
 }
 
 static inline float sigmoid_f(float x) { return 1.0f / (1.0f + exp_f(-x)); }
@@ -344,23 +345,13 @@ static inline vec16 max16(vec16 a, vec16 b) { return blend16(a > b, a, b); }
 
 /* exp_f in each lane, in registers */
 static inline vec16 exp16(vec16 x) {
-    const vec16 lo = (vec16){0} - 87.33654f, hi = (vec16){0} + 88.37626f;
+    const vec16 lo = (vec16){0} + EXP_MIN, hi = (vec16){0} + EXP_MAX;
     x = blend16(x < lo, lo, blend16(x > hi, hi, x));
-    vec16 t = x * 1.44269504088896341f + 0.5f;
+    vec16 t = x * LOG2_E + 0.5f;
     vec16i ni = __builtin_convertvector(t, vec16i); /* truncation; floor below */
-    vec16 n = __builtin_convertvector(ni, vec16);
-    vec16i below = n > t; /* t < 0 not an integer: truncation went up */
-    ni += below; /* -1 where set */
-    n = __builtin_convertvector(ni, vec16);
-    vec16 r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    vec16 p = (vec16){0} + 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    return p * (vec16)((ni + 127) << 23); /* times 2^n */
+    ni += (vec16i)(__builtin_convertvector(ni, vec16) > t); /* -1 where t < 0 is no integer: truncation went up */
+    vec16 n = __builtin_convertvector(ni, vec16), r = EXP_REDUCED(x, n);
+    return EXP_POLYNOMIAL(r) * (vec16)((ni + 127) << 23); /* times 2^n */
 }
 
 /* the 16 x 16 block m (row r: m[r]) transposed in place: four rounds of swapping the off-diagonal w x w sub-blocks
