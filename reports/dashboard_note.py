@@ -8,9 +8,11 @@ gain over the baseline, and the tied set. ``NoteRefresher`` writes it from the s
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import shlex
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -53,6 +55,20 @@ def note_text(data: StudyData, top: int = NOTE_ROWS) -> str:
     return "\n".join(lines)
 
 
+def _save_note_alone() -> Callable[[optuna.Study, str], None] | None:
+    """``save_note`` from ``optuna_dashboard/_note.py`` executed on its own (not as part of the package), or None
+    where the installed optuna-dashboard has no such file."""
+    package = importlib.util.find_spec("optuna_dashboard")
+    locations = package.submodule_search_locations if package is not None else None
+    path = Path(locations[0]) / "_note.py" if locations else None
+    if path is None or not path.is_file():
+        return None
+    spec = importlib.util.spec_from_file_location("_nas_optuna_dashboard_note", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.save_note
+
+
 @functools.cache
 def dashboard_save_note() -> Callable[[optuna.Study, str], None]:
     """optuna-dashboard's ``save_note``, loaded from its own module ``optuna_dashboard/_note.py`` alone (which imports
@@ -60,20 +76,12 @@ def dashboard_save_note() -> Callable[[optuna.Study, str], None]:
     ``optuna.importance`` and scikit-learn, ~1 s of CPU on a 2-core Xeon and ~2 s on an AMD EPYC, in every search
     process that writes the note. Where that module is not found or does not load alone (another optuna-dashboard
     layout), the package's ``save_note`` as usual."""
-    import sys
-
+    alone = None
     if "optuna_dashboard" not in sys.modules:
-        try:
-            package = importlib.util.find_spec("optuna_dashboard")
-            locations = package.submodule_search_locations if package else None
-            spec = importlib.util.spec_from_file_location("_nas_optuna_dashboard_note",
-                                                          Path(locations[0]) / "_note.py") if locations else None
-            if spec is not None and spec.loader is not None and Path(spec.origin or "").is_file():
-                module = importlib.util.module_from_spec(spec)
-                spec.loader.exec_module(module)
-                return module.save_note
-        except Exception:  # noqa: BLE001 (any failure to load it alone: the package import below still works)
-            pass
+        with contextlib.suppress(Exception):  # any failure to load it alone: the package's own, below
+            alone = _save_note_alone()
+    if alone is not None:
+        return alone
     import optuna_dashboard
 
     return optuna_dashboard.save_note

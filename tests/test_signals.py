@@ -97,7 +97,7 @@ import signal, sys, weakref
 from nas.study.signals import interruptible, raise_if_stopped
 
 class Collected:
-    pass
+    '''A weak reference target.'''
 
 def raise_a_value_error(_):
     raise ValueError("a real error in a callback")
