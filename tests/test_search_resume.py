@@ -27,6 +27,7 @@ import nas.study.heartbeat
 import nas.study.recovery
 import nas.study.trial
 from nas.study.config import SearchConfig
+from nas.study.liveness import lease
 from nas.study.parallel import run_search
 from nas.study.records import counts, key_seed
 from nas.study.session import open_search
@@ -91,6 +92,10 @@ def test_a_search_killed_mid_trial_resumes_to_exactly_the_requested_trials(tmp_p
     assert_no_repeated_work(trials, TRIALS)  # exactly TRIALS counted, none left RUNNING
     killed = trials[victim.number]
     assert killed.state == TrialState.FAIL and not counts(killed)
+    # no search of the file was alive when the re-run started (nas.study.liveness): it re-queued the trial at once,
+    # without waiting for the heartbeat's grace period, and said so
+    assert killed.user_attrs["status"] == "abandoned" and "search process was gone" in killed.user_attrs["reason"]
+    assert "left running by a search that is gone" in rerun.stdout + rerun.stderr
     (retry,) = retries_of(trials, victim.number)  # re-queued once, with the same shape and seed, and trained
     assert key_seed(retry) == key_seed(killed) and counts(retry) and retry.state == TrialState.COMPLETE
     assert retry.user_attrs["role"] == killed.user_attrs["role"] == "member"
@@ -100,17 +105,22 @@ def test_a_search_killed_mid_trial_resumes_to_exactly_the_requested_trials(tmp_p
 def test_a_killed_trial_found_stale_after_the_rerun_planned_more_work_is_still_retried(tmp_path, one_thread):
     # re-run at once, in this process: the killed trial still looks alive for the 3 s grace period, so the
     # re-run first trains the next member, then finds the trial stale; its shape must still be trained
+    # (a search of the same file is alive meanwhile, e.g. on another machine: the lease below; alone, the re-run
+    # would re-queue the trial at once, as the test above checks)
     storage = sqlite_url(tmp_path / "late.db")
     victim = kill_mid_trial(tmp_path, storage, "late")
     events = []
-    run_search(SearchConfig(space=SpaceOptions(space="prism"), preset="tiny", storage=storage, study_name="late",
-                            trials=TRIALS, heartbeat_interval=1, train_overrides=(("tokens", 32_000),)),
-               on_event=events.append)
+    with lease(storage) as other_search:
+        assert other_search.held
+        run_search(SearchConfig(space=SpaceOptions(space="prism"), preset="tiny", storage=storage, study_name="late",
+                                trials=TRIALS, heartbeat_interval=1, train_overrides=(("tokens", 32_000),)),
+                   on_event=events.append)
     trials = load_trials(storage, "late")
     assert_no_repeated_work(trials, TRIALS)
     assert_walked_every_member_once(trials)
     (retry,) = retries_of(trials, victim.number)
     assert counts(retry) and key_seed(retry) == key_seed(trials[victim.number])
+    assert "status" not in trials[victim.number].user_attrs  # failed by the heartbeat check, not at the start
     # alone: the next member first, then the retry; on a loaded machine the grace period may already have passed
     # when the re-run starts, and the retry comes first. Either way this re-run trained the killed shape.
     assert retry.number in [e.number for e in events] and len(events) <= 2
@@ -190,12 +200,14 @@ def test_a_trial_abandoned_before_its_first_heartbeat_does_not_hang_the_search(t
     time.sleep(1.5)
     finished = threading.Event()
     worker = threading.Thread(target=lambda: (run_search(config), finished.set()), daemon=True)
-    worker.start()
-    worker.join(timeout=240)
+    with lease(storage):  # the orphan's worker seems alive (another machine's, say): no shortcut at the start
+        worker.start()
+        worker.join(timeout=240)
     assert finished.is_set(), "the search still waits on the abandoned trial"
     trials = load_trials(storage, "abandoned")
     abandoned = trials[orphan.number]
     assert abandoned.state == TrialState.FAIL and abandoned.user_attrs["status"] == "abandoned"
+    assert abandoned.user_attrs["reason"] == "its worker died before the first heartbeat"
     (retry,) = retries_of(trials, orphan.number)
     assert key_seed(retry) == key_seed(abandoned) and counts(retry) and retry.user_attrs["role"] == "baseline"
     assert_no_repeated_work(trials, TRIALS)

@@ -60,8 +60,8 @@ def table_names() -> frozenset[str]:
     return frozenset(models.BaseModel.metadata.tables) | {"alembic_version"}
 
 
-def trial_id(trial: optuna.Trial) -> int:
-    """The storage's id of a trial handed out by ``study.ask()``."""
+def trial_id(trial: optuna.Trial | optuna.trial.FrozenTrial) -> int:
+    """The storage's id of a trial handed out by ``study.ask()``, or read from the study."""
     return trial._trial_id
 
 

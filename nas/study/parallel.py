@@ -20,7 +20,9 @@ from typing import Any
 
 from nas.errors import UsageError
 from nas.study.config import SearchConfig
+from nas.study.liveness import alone
 from nas.study.placement import Placement, apply_placement, cpu_cores, gpu_count, plan_placements, resolve_workers
+from nas.study.recovery import fail_orphaned
 from nas.study.session import Search, open_search
 from nas.study.signals import Terminated, interruptible, raise_if_stopped
 from nas.study.trial import POLL_S
@@ -145,6 +147,16 @@ def stop_fork_server(context: Any) -> None:
         stop()
 
 
+def requeue_orphans(search: Search) -> None:
+    """Where no search of the study's file is alive (``nas.study.liveness.alone``), re-queue at once the trials that
+    a dead one left running, and say so among the search's notes."""
+    with alone(search.config.storage) as only:
+        orphans = fail_orphaned(search.study, search.storage) if only else 0
+    if orphans:
+        search.notes.append(f"{orphans} trial{'s' if orphans > 1 else ''} left running by a search that is gone "
+                            f"{'were' if orphans > 1 else 'was'} re-queued")
+
+
 def run_search(config: SearchConfig, on_event: Callable[[TrialEvent], None] | None = None,
                on_start: Callable[[Search], None] | None = None, note: StudyNote | None = None) -> Search:
     """Open (or resume) the study and run ``config.workers`` workers until it holds ``trials`` counted trials.
@@ -159,6 +171,7 @@ def run_search(config: SearchConfig, on_event: Callable[[TrialEvent], None] | No
     search = open_search(placed(config, places[0], workers) if workers == 1 else replace(config, workers=workers))
     search.placements = places
     search.device_label = places[0].label
+    requeue_orphans(search)
     if on_start is not None:
         on_start(search)
     if workers == 1:

@@ -16,7 +16,7 @@ import sqlalchemy
 from optuna.trial import FrozenTrial, TrialState
 
 from nas.study.heartbeat import warn_on_stderr
-from nas.study.optuna_internals import drop_connections, unbeaten_trial_ids
+from nas.study.optuna_internals import drop_connections, trial_id, unbeaten_trial_ids
 from nas.study.storage_faults import first_line, storage_failure
 
 ABANDONED_AFTER_S = 120.0  # a RUNNING trial this old that never beat was abandoned (worker died right after ask)
@@ -36,16 +36,36 @@ def fail_abandoned(study: optuna.Study, storage: optuna.storages.BaseStorage, st
     Called only while a worker waits on other trials, which is when such a trial would block it.
     """
     older_than_s = ABANDONED_AFTER_S if older_than_s is None else older_than_s
-    for trial_id in unbeaten_trial_ids(storage, study_id, older_than_s):
-        number = storage.get_trial_number_from_id(trial_id)
-        try:
-            storage.set_trial_user_attr(trial_id, "status", "abandoned")
-            storage.set_trial_user_attr(trial_id, "reason", "its worker died before the first heartbeat")
-            storage.set_trial_state_values(trial_id, state=TrialState.FAIL)
-        except optuna.exceptions.UpdateFinishedTrialError:  # another worker got there first, or it just ended
-            continue
-        if "key" in storage.get_trial(trial_id).user_attrs:
-            requeue(study, number)
+    for unbeaten in unbeaten_trial_ids(storage, study_id, older_than_s):
+        _fail_and_requeue(study, storage, unbeaten, "its worker died before the first heartbeat")
+
+
+def fail_orphaned(study: optuna.Study, storage: optuna.storages.BaseStorage) -> int:
+    """Fail (and re-queue, if it has a shape) every trial of ``study`` still RUNNING; returns how many.
+
+    Only for a search that holds its study's lock file alone (``nas.study.liveness.alone``): no worker on any
+    machine sharing the file is alive then, so each such trial was left by a dead process (killed, or stopped by a
+    full disk), and waiting for its heartbeat to go stale, or for ``ABANDONED_AFTER_S`` when it never beat, would
+    only delay its retry."""
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    for trial in running:
+        _fail_and_requeue(study, storage, trial_id(trial),
+                          "its search process was gone when the next search of this study started")
+    return len(running)
+
+
+def _fail_and_requeue(study: optuna.Study, storage: optuna.storages.BaseStorage, running: int, reason: str) -> None:
+    """Fail the running trial whose storage id is ``running`` as abandoned with ``reason``; re-queue its shape and
+    seed if it has them."""
+    number = storage.get_trial_number_from_id(running)
+    try:
+        storage.set_trial_user_attr(running, "status", "abandoned")
+        storage.set_trial_user_attr(running, "reason", reason)
+        storage.set_trial_state_values(running, state=TrialState.FAIL)
+    except optuna.exceptions.UpdateFinishedTrialError:  # another worker got there first, or it just ended
+        return
+    if "key" in storage.get_trial(running).user_attrs:
+        requeue(study, number)
 
 
 def requeue(study: optuna.Study, number: int) -> None:

@@ -24,6 +24,7 @@ from nas.arch import ArchConfig
 from nas.errors import SearchAborted, UsageError
 from nas.stats.board import rank_shapes
 from nas.study.heartbeat import Heartbeat, TrialLost, warn_on_stderr
+from nas.study.liveness import lease
 from nas.study.optuna_internals import trial_id
 from nas.study.planning import plan_next
 from nas.study.records import counts, in_flight, scores_by_shape
@@ -80,7 +81,15 @@ def run_worker(search: Search, on_event: Callable[[TrialEvent], None] | None = N
     """Train trials until the study holds ``trials`` counted ones; returns how many this worker trained.
 
     ``note`` (the command line passes the dashboard's study note, ``reports.dashboard_note.NoteRefresher``) is
-    called after each trial and once, forced, at the end; the search loop itself never imports the report."""
+    called after each trial and once, forced, at the end; the search loop itself never imports the report. The
+    process holds its study's lease (``nas.study.liveness``) meanwhile: a search that starts while it lives leaves
+    its running trials alone."""
+    with lease(search.config.storage):
+        return _train_until_done(search, on_event, note)
+
+
+def _train_until_done(search: Search, on_event: Callable[[TrialEvent], None] | None,
+                      note: StudyNote | None) -> int:
     study, target = search.study, search.config.trials
     trained = duplicate_streak = error_streak = 0
     finished: tuple | None = None  # the last trial's outcome, told to ``on_event`` with the next read of the study

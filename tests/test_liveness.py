@@ -1,0 +1,63 @@
+"""The lock beside an SQLite study that tells a starting search whether any search of the file is alive."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+from nas.study.liveness import alone, lease, lock_path
+
+
+def sqlite_url(path) -> str:
+    return f"sqlite:///{path}"
+
+
+def test_the_lock_lies_beside_the_database_and_a_server_has_none(tmp_path):
+    assert lock_path(sqlite_url(tmp_path / "nas.db")) == tmp_path / "nas.db-searches"
+    assert lock_path("postgresql://user:secret@localhost:5432/nas") is None
+    with lease("postgresql://user:secret@localhost:5432/nas") as held:
+        assert not held.held
+    with alone("postgresql://user:secret@localhost:5432/nas") as only:
+        assert not only  # a server's workers cannot be seen from here: never a shortcut
+
+
+def test_a_starting_search_is_alone_only_while_no_lease_is_held(tmp_path):
+    url = sqlite_url(tmp_path / "nas.db")
+    with alone(url) as only:
+        assert only
+    with lease(url) as held:
+        assert held.held
+        with alone(url) as only:
+            assert not only
+        with lease(url) as second:  # workers share the lock
+            assert second.held
+    with alone(url) as only:
+        assert only
+
+
+def test_a_killed_workers_lease_ends_with_it(tmp_path):
+    url = sqlite_url(tmp_path / "nas.db")
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\nfrom nas.study.liveness import Lease\n"
+        f"held = Lease({url!r})\nprint(held.held, flush=True)\ntime.sleep(600)")],
+        stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
+    try:
+        assert holder.stdout.readline().strip() == "True"
+        with alone(url) as only:
+            assert not only
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=30)
+    with alone(url) as only:
+        assert only  # the kernel released it: nothing of the dead process blocks the next search
+
+
+def test_a_lock_file_that_cannot_be_opened_leaves_the_search_as_before(tmp_path):
+    url = sqlite_url(tmp_path / "nas.db")
+    lock_path(url).mkdir()  # a folder where the lock file would be: opening it for writing fails, as on a full or
+    with lease(url) as held:  # read-only file system
+        assert not held.held
+    with alone(url) as only:
+        assert not only  # no lock, so no knowledge: the heartbeat checks alone, as before
