@@ -304,7 +304,12 @@ def test_a_full_disk_stops_the_search_with_one_line_and_it_resumes_when_space_is
         assert sum(t.state == TrialState.COMPLETE for t in load_trials(storage, "full")) >= 2  # nothing lost
         filler.unlink()  # space is back: the same command resumes
         assert_clean_finish(run_nas(*args, cwd=tmp_path))
-        assert_no_repeated_work(load_trials(storage, "full"), 8)
+        trials = load_trials(storage, "full")
+        assert_no_repeated_work(trials, 8)
+        # a trial the stop left RUNNING (the disk filled between its ask and its first heartbeat, or mid-training)
+        # was re-queued when the resume started (nas.study.liveness), not after a wait for a heartbeat
+        assert not [t.number for t in trials if t.user_attrs.get("status") == "abandoned"
+                    and "search process was gone" not in t.user_attrs.get("reason", "")]
     finally:
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)
 
