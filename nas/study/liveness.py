@@ -11,7 +11,9 @@ for a database server, which has no file to lock (``lock_path`` is None and so i
 
 The lock is advisory and lives beside the database, so workers on other machines sharing the file over NFS take it
 through NFS's own locks (Linux emulates ``flock`` there with ``fcntl`` locks). A file system that refuses the lock
-file (read-only, full, no locks) leaves the search as it was before: no lease, no shortcut.
+file (read-only, full, no locks) leaves the search as it was before: no lease, no shortcut. Only ``nas search``'s
+workers ask trials of a shape search (``nas rerun`` adds finished ones); another program asking trials of the same
+study without a lease would look dead to a starting search.
 """
 
 from __future__ import annotations
