@@ -61,3 +61,15 @@ def test_a_lock_file_that_cannot_be_opened_leaves_the_search_as_before(tmp_path)
         assert not held.held
     with alone(url) as only:
         assert not only  # no lock, so no knowledge: the heartbeat checks alone, as before
+
+
+def test_without_flock_there_is_no_lease_and_no_shortcut(tmp_path, monkeypatch):
+    import nas.study.liveness
+
+    monkeypatch.setattr(nas.study.liveness, "fcntl", None)  # as on Windows
+    url = sqlite_url(tmp_path / "nas.db")
+    with lease(url) as held:
+        assert not held.held
+    with alone(url) as only:
+        assert not only
+    assert not lock_path(url).exists()

@@ -18,13 +18,17 @@ study without a lease would look dead to a starting search.
 
 from __future__ import annotations
 
-import fcntl
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from nas.study.storage import storage_file
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock, so no lease and no shortcut (the heartbeat checks alone)
+    fcntl = None
 
 SUFFIX = "-searches"  # beside the file's ``-wal`` and ``-shm``
 
@@ -36,7 +40,7 @@ def lock_path(storage_url: str) -> Path | None:
 
 
 def _open(path: Path | None) -> int | None:
-    if path is None:
+    if path is None or fcntl is None:
         return None
     try:
         return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
