@@ -32,6 +32,7 @@ from search_helpers import (
     wait_for,
 )
 
+from nas.rerun.launch import descendants
 from nas.study.config import SearchConfig
 from nas.study.parallel import run_search, worker_context
 from nas.study.placement import Placement
@@ -239,6 +240,43 @@ def test_sigterm_to_the_parent_stops_every_worker_cleanly(tmp_path):
         assert stopped.state == TrialState.FAIL and stopped.user_attrs["status"] == "interrupted"
         (requeued,) = [t for t in trials if t.system_attrs.get("failed_trial") == victim.number]
         assert requeued.state == TrialState.WAITING and key_seed(requeued) == key_seed(stopped)
+
+
+def still_running(pid: int) -> bool:
+    """``pid`` exists and is no zombie (a killed orphan waits for init to reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_sigkill_to_the_parent_ends_its_workers_and_the_same_command_requeues_their_trials_at_once(tmp_path):
+    # `kill -9` reaches only the parent of `--workers 2`: its workers, forked from a fork server that outlives it,
+    # must die with it (nas.study.parallel.die_with_search), not train on orphaned beside the resumed search; the
+    # same command then finds no search of the file alive and re-queues their two trials at its start
+    storage, log, process = start_two_workers(tmp_path, "sigkill")
+    try:
+        victims = wait_for_two_trials_training(storage, "sigkill", process, log)
+        below = descendants(process.pid)  # the fork server, the two workers, the resource tracker
+        assert len(child_pids(process.pid)) == 2
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+    finally:
+        stop(process)
+    wait_for(lambda: not [pid for pid in below if still_running(pid)], 30, "every process of the search to end")
+    assert sorted(t.number for t in load_trials(storage, "sigkill") if t.state == TrialState.RUNNING) == sorted(
+        v.number for v in victims)  # nobody could mark them
+    rerun = run_nas("search", *SPACE3, *TINY, "--tokens", "32k", "--trials", "4", "--workers", "2", "--heartbeat",
+                    "1", "--storage", storage, "--study-name", "sigkill", cwd=tmp_path, cores=None)
+    assert rerun.returncode == 0, rerun.stderr
+    assert "2 trials left running by a search that is gone were re-queued" in rerun.stderr, rerun.stderr
+    trials = load_trials(storage, "sigkill")
+    assert_no_repeated_work(trials, 4)
+    for victim in victims:
+        killed = trials[victim.number]
+        assert killed.state == TrialState.FAIL and killed.user_attrs["status"] == "abandoned"
+        (retry,) = [t for t in trials if t.system_attrs.get("failed_trial") == victim.number]
+        assert key_seed(retry) == key_seed(killed)
 
 
 def test_machines_sharing_a_study_draw_different_shapes_and_one_seed_draws_the_same_again(tmp_path, one_thread):

@@ -9,10 +9,12 @@ process, so the running trial is marked interrupted and re-queued and the same c
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.connection
 import os
 import queue as queue_module
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -84,12 +86,11 @@ def placed(config: SearchConfig, placement: Placement, workers: int) -> SearchCo
 def _worker_main(config: SearchConfig, worker: int, queue: Any, placement: Placement | None = None,
                  note: StudyNote | None = None, environment: dict[str, str] | None = None) -> None:
     # a worker outliving a SIGKILLed parent would hold its trial with live heartbeats (never found stale)
-    # while nothing reads its events: it dies with the parent (forked from the fork server, which the parent's death
-    # ends), and its trial is retried like any killed one
-    die_with_parent()
+    # while nothing reads its events: it dies with the search, and its trial is retried like any killed one
+    die_with_parent()  # a spawned worker's parent is the search
     parent = multiprocessing.parent_process()
-    if parent is not None and not parent.is_alive():  # the parent died before the line above
-        os._exit(1)
+    if parent is not None:
+        die_with_search(parent)  # a forked one's is the fork server, which outlives the search
     if environment is not None:  # the parent's environment now, not the fork server's at its start
         os.environ.clear()
         os.environ.update(environment)
@@ -109,6 +110,25 @@ def _worker_main(config: SearchConfig, worker: int, queue: Any, placement: Place
     except Exception as error:
         queue.put(("error", worker, f"{type(error).__name__}: {error}"))
         raise
+
+
+def die_with_search(search: multiprocessing.process.BaseProcess) -> None:
+    """SIGKILL this worker as soon as ``search``, the process that started it, has died (at once if it already has).
+
+    ``die_with_parent`` (``PR_SET_PDEATHSIG``) ties a process to its parent, which for a worker forked from the fork
+    server is the server, not the search; and the server outlives a SIGKILLed search, since each worker holds the
+    write end of the pipe whose end tells the server its clients are gone (CPython hands it to every child): server
+    and workers would train on, orphaned, racing the resumed search. A daemon thread waits on the search's sentinel
+    (the pipe it keeps open for this child; ``multiprocessing.parent_process()``), then kills this process as the
+    kernel would for a spawned one."""
+
+    def watch() -> None:
+        multiprocessing.connection.wait([search.sentinel])
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    if not search.is_alive():
+        os._exit(1)
+    threading.Thread(target=watch, name="die-with-search", daemon=True).start()
 
 
 # what every worker imports, imported once in the fork server that CPU workers are forked from
