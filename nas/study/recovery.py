@@ -17,6 +17,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from nas.study.heartbeat import warn_on_stderr
 from nas.study.optuna_internals import drop_connections, trial_id, unbeaten_trial_ids
+from nas.study.signals import interrupts_deferred
 from nas.study.storage_faults import first_line, storage_failure
 
 ABANDONED_AFTER_S = 120.0  # a RUNNING trial this old that never beat was abandoned (worker died right after ask)
@@ -49,8 +50,9 @@ def fail_orphaned(study: optuna.Study, storage: optuna.storages.BaseStorage) -> 
     only delay its retry."""
     running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
     for trial in running:
-        _fail_and_requeue(study, storage, trial_id(trial),
-                          "its search process was gone when the next search of this study started")
+        with interrupts_deferred():  # a Ctrl-C between the fail and the re-queue would lose the shape
+            _fail_and_requeue(study, storage, trial_id(trial),
+                              "its search process was gone when the next search of this study started")
     return len(running)
 
 
