@@ -55,9 +55,9 @@ def test_a_killed_workers_lease_ends_with_it(tmp_path):
 
 
 def test_a_lock_file_that_cannot_be_opened_leaves_the_search_as_before(tmp_path):
-    url = sqlite_url(tmp_path / "nas.db")
-    lock_path(url).mkdir()  # a folder where the lock file would be: opening it for writing fails, as on a full or
-    with lease(url) as held:  # read-only file system
+    (tmp_path / "a-file").write_text("")
+    url = sqlite_url(tmp_path / "a-file" / "nas.db")  # no lock file can be made or opened there (as on a full or
+    with lease(url) as held:  # read-only file system)
         assert not held.held
     with alone(url) as only:
         assert not only  # no lock, so no knowledge: the heartbeat checks alone, as before
@@ -73,3 +73,17 @@ def test_without_flock_there_is_no_lease_and_no_shortcut(tmp_path, monkeypatch):
     with alone(url) as only:
         assert not only
     assert not lock_path(url).exists()
+
+
+def test_the_lock_file_is_readable_by_every_user_whatever_the_umask(tmp_path):
+    url = sqlite_url(tmp_path / "nas.db")
+    previous = os.umask(0o077)
+    try:
+        with lease(url) as held:
+            assert held.held
+    finally:
+        os.umask(previous)
+    assert lock_path(url).stat().st_mode & 0o777 == 0o644  # another user's worker opens it read-only and locks it
+    lock_path(url).chmod(0o444)
+    with lease(url) as held, alone(url) as only:  # a read-only file takes both kinds of lock
+        assert held.held and not only

@@ -40,10 +40,21 @@ def lock_path(storage_url: str) -> Path | None:
 
 
 def _open(path: Path | None) -> int | None:
+    """A read-only descriptor of the lock file (``flock`` needs no more), made readable by every user if this call
+    creates it: a worker of another user sharing the study must hold its lease too, or a starting search would take
+    its running trials for a dead search's."""
     if path is None or fcntl is None:
         return None
     try:
-        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        os.fchmod(fd, 0o644)  # whatever the umask
+        return fd
+    except FileExistsError:
+        pass
+    except OSError:
+        return None
+    try:
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
 
