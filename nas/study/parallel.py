@@ -113,7 +113,7 @@ def _worker_main(config: SearchConfig, worker: int, queue: Any, placement: Place
 
 
 def die_with_search(search: multiprocessing.process.BaseProcess) -> None:
-    """SIGKILL this worker as soon as ``search``, the process that started it, has died (at once if it already has).
+    """SIGKILL this worker as soon as ``search``, the process that started it, dies (exit at once if it has).
 
     ``die_with_parent`` (``PR_SET_PDEATHSIG``) ties a process to its parent, which for a worker forked from the fork
     server is the server, not the search; and the server outlives a SIGKILLed search, since each worker holds the
