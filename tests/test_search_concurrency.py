@@ -16,6 +16,7 @@ import optuna
 import pytest
 from optuna.trial import FrozenTrial, TrialState
 from search_helpers import (
+    NAS,
     SPACE3,
     SPACE5,
     TINY,
@@ -23,6 +24,7 @@ from search_helpers import (
     child_pids,
     counted,
     load_trials,
+    nas_env,
     open_storage_at,
     pop_queued_trials,
     run_nas,
@@ -277,6 +279,31 @@ def test_sigkill_to_the_parent_ends_its_workers_and_the_same_command_requeues_th
         assert killed.state == TrialState.FAIL and killed.user_attrs["status"] == "abandoned"
         (retry,) = [t for t in trials if t.system_attrs.get("failed_trial") == victim.number]
         assert key_seed(retry) == key_seed(killed)
+
+
+def test_ctrl_c_while_the_fork_server_imports_torch_stops_the_search_in_one_line(tmp_path):
+    # a terminal's Ctrl-C reaches the whole process group; in the first seconds that includes a fork server still
+    # importing torch, which CPython protects from ^C only afterwards: it printed its KeyboardInterrupt traceback
+    # under the search's line (nas.study.parallel.start_fork_server starts it with the signal blocked)
+    log = tmp_path / "search.log"
+    with open(log, "w") as out:
+        process = subprocess.Popen([*NAS, "search", *SPACE3, *TINY, "--tokens", "32k", "--trials", "4", "--workers",
+                                    "2", "--storage", sqlite_url(tmp_path / "early.db"), "--study-name", "early"],
+                                   cwd=tmp_path, env=nas_env(), stdout=out, stderr=subprocess.STDOUT,
+                                   start_new_session=True)  # a group of its own, as a terminal's foreground job
+    try:
+        def importing_fork_server() -> list[int]:
+            return [pid for pid in descendants(process.pid)
+                    if "forkserver" in Path(f"/proc/{pid}/cmdline").read_text() and not descendants(pid)]
+
+        wait_for(importing_fork_server, 120, "the fork server to start", poll=0.02, process=process, log=log)
+        os.killpg(process.pid, signal.SIGINT)
+        code = process.wait(timeout=120)
+    finally:
+        stop(process)
+    output = log.read_text()
+    assert code == 130 and "Traceback" not in output and "KeyboardInterrupt" not in output, output
+    assert output.splitlines()[-1].startswith("interrupted:"), output
 
 
 def test_machines_sharing_a_study_draw_different_shapes_and_one_seed_draws_the_same_again(tmp_path, one_thread):

@@ -26,7 +26,7 @@ from nas.study.liveness import alone
 from nas.study.placement import Placement, apply_placement, cpu_cores, gpu_count, plan_placements, resolve_workers
 from nas.study.recovery import fail_orphaned
 from nas.study.session import Search, open_search
-from nas.study.signals import Terminated, interruptible, raise_if_stopped
+from nas.study.signals import STOP_SIGNALS, Terminated, interruptible, raise_if_stopped
 from nas.study.trial import POLL_S
 from nas.study.worker import SearchAborted, StudyNote, TrialEvent, refresh_note, run_worker, trials_done
 from runners.allocator import keep_freed_memory
@@ -99,6 +99,7 @@ def _worker_main(config: SearchConfig, worker: int, queue: Any, placement: Place
     keep_freed_memory()  # the allocator a training process runs best with (runners.allocator)
     interruptible()
     try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked from the fork server (start_fork_server)
         search = open_search(config, worker=worker, create=False)
         search.device_label = placement.label if placement is not None else search.device_label
         run_worker(search, lambda event: queue.put(("event", worker, event)), note)
@@ -151,6 +152,26 @@ def worker_context(places: list[Placement]) -> Any:
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(WORKER_MODULES)
     return context
+
+
+def start_fork_server(context: Any) -> None:
+    """Start the fork server (if ``context`` uses one) with SIGINT and SIGTERM blocked, a mask that survives ``exec``.
+
+    CPython's server ignores Ctrl-C only once it has imported its preload (torch: seconds), so a Ctrl-C in a
+    terminal (it reaches the whole process group) during that import printed the server's ``KeyboardInterrupt``
+    traceback under the search's one line; and its workers start with the server's handlers, so one that came
+    before a worker installed its own raised outside its ``try``. Blocked, the signal waits: this process unblocks
+    at once (one that came meanwhile is delivered here, as it came), and each worker unblocks inside its ``try``
+    (``_worker_main``)."""
+    if context.get_start_method() != "forkserver":
+        return
+    from multiprocessing import forkserver
+
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def stop_fork_server(context: Any) -> None:
@@ -206,6 +227,7 @@ def run_search(config: SearchConfig, on_event: Callable[[TrialEvent], None] | No
                                  args=(placed(config, p, workers), p.worker, queue, p, note if i == 0 else None,
                                        environment))
                  for i, p in enumerate(places)]
+    start_fork_server(context)
     for p in processes:
         p.start()
     errors, died, finished = [], [], set()
