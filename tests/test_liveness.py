@@ -7,6 +7,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from nas.study.liveness import alone, lease, lock_path
 
 
@@ -61,6 +63,16 @@ def test_a_lock_file_that_cannot_be_opened_leaves_the_search_as_before(tmp_path)
         assert not held.held
     with alone(url) as only:
         assert not only  # no lock, so no knowledge: the heartbeat checks alone, as before
+
+
+@pytest.mark.parametrize("make", [os.mkfifo, os.mkdir], ids=["fifo", "folder"])
+def test_something_else_where_the_lock_file_would_be_is_not_locked_and_never_blocks(tmp_path, make):
+    url = sqlite_url(tmp_path / "nas.db")
+    make(lock_path(url))  # a FIFO opened for reading would wait for a writer
+    with lease(url) as held:
+        assert not held.held
+    with alone(url) as only:
+        assert not only
 
 
 def test_without_flock_there_is_no_lease_and_no_shortcut(tmp_path, monkeypatch):

@@ -19,6 +19,7 @@ study without a lease would look dead to a starting search.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -54,9 +55,13 @@ def _open(path: Path | None) -> int | None:
     except OSError:
         return None
     try:
-        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO there would block a plain open
     except OSError:
         return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # a folder, a FIFO, a device: not ours to lock
+        os.close(fd)
+        return None
+    return fd
 
 
 class Lease:
