@@ -47,13 +47,14 @@ def _open(path: Path | None) -> int | None:
     if path is None or fcntl is None:
         return None
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-        os.fchmod(fd, 0o644)  # whatever the umask
-        return fd
+        created = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     except FileExistsError:
-        pass
+        created = None
     except OSError:
         return None
+    if created is not None:
+        os.fchmod(created, 0o644)  # whatever the umask (the owner may always)
+        return created
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO there would block a plain open
     except OSError:
