@@ -17,12 +17,22 @@ def sqlite_url(path) -> str:
 
 
 def test_the_lock_lies_beside_the_database_and_a_server_has_none(tmp_path):
-    assert lock_path(sqlite_url(tmp_path / "nas.db")) == tmp_path / "nas.db-searches"
+    assert lock_path(sqlite_url(tmp_path / "nas.db")) == tmp_path.resolve() / "nas.db-searches"
     assert lock_path("postgresql://user:secret@localhost:5432/nas") is None
     with lease("postgresql://user:secret@localhost:5432/nas") as held:
         assert not held.held
     with alone("postgresql://user:secret@localhost:5432/nas") as only:
         assert not only  # a server's workers cannot be seen from here: never a shortcut
+
+
+def test_one_database_named_through_a_link_has_one_lock(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link.db").symlink_to(tmp_path / "real" / "nas.db")
+    (tmp_path / "linked-folder").symlink_to(tmp_path / "real")
+    paths = [tmp_path / "real" / "nas.db", tmp_path / "link.db", tmp_path / "linked-folder" / "nas.db"]
+    assert {lock_path(sqlite_url(path)) for path in paths} == {tmp_path.resolve() / "real" / "nas.db-searches"}
+    with lease(sqlite_url(paths[1])), alone(sqlite_url(paths[2])) as only:
+        assert not only
 
 
 def test_a_starting_search_is_alone_only_while_no_lease_is_held(tmp_path):

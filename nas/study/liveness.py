@@ -35,9 +35,17 @@ SUFFIX = "-searches"  # beside the file's ``-wal`` and ``-shm``
 
 
 def lock_path(storage_url: str) -> Path | None:
-    """The lock file of an ``sqlite:///`` study (``nas.db`` -> ``nas.db-searches``); None for a database server."""
+    """The lock file of an ``sqlite:///`` study (``nas.db`` -> ``nas.db-searches``) beside the file itself, its
+    symbolic links followed: searches naming one database by different paths must share one lock. None for a
+    database server."""
     path = storage_file(storage_url)
-    return None if path is None else path.with_name(path.name + SUFFIX)
+    if path is None:
+        return None
+    try:
+        real = path.resolve()
+    except (OSError, RuntimeError):  # a loop of links (RuntimeError before Python 3.13): the file cannot be opened
+        real = path
+    return real.with_name(real.name + SUFFIX)
 
 
 def _open(path: Path | None) -> int | None:
