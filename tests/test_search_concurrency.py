@@ -284,7 +284,8 @@ def test_sigkill_to_the_parent_ends_its_workers_and_the_same_command_requeues_th
 def test_ctrl_c_while_the_fork_server_imports_torch_stops_the_search_in_one_line(tmp_path):
     # a terminal's Ctrl-C reaches the whole process group; in the first seconds that includes a fork server still
     # importing torch, which CPython protects from ^C only afterwards: it printed its KeyboardInterrupt traceback
-    # under the search's line (nas.study.parallel.start_fork_server starts it with the signal blocked)
+    # under the search's line (nas.study.parallel.start_fork_server starts it with the signal blocked); and a search
+    # stopped while it waits for the server to fork a worker must not leave the server to fork it later
     log = tmp_path / "search.log"
     with open(log, "w") as out:
         process = subprocess.Popen([*NAS, "search", *SPACE3, *TINY, "--tokens", "32k", "--trials", "4", "--workers",
@@ -296,11 +297,15 @@ def test_ctrl_c_while_the_fork_server_imports_torch_stops_the_search_in_one_line
             return [pid for pid in descendants(process.pid)
                     if "forkserver" in Path(f"/proc/{pid}/cmdline").read_text() and not descendants(pid)]
 
-        wait_for(importing_fork_server, 120, "the fork server to start", poll=0.02, process=process, log=log)
+        (server,) = wait_for(importing_fork_server, 120, "the fork server to start", poll=0.02, process=process,
+                             log=log)
         os.killpg(process.pid, signal.SIGINT)
         code = process.wait(timeout=120)
     finally:
         stop(process)
+    # the server must not outlive the search: left to serve the start it held, it forked a worker after the search
+    # had gone, which printed a traceback (nas.study.parallel.kill_fork_server); wait for it before reading the log
+    wait_for(lambda: not still_running(server), 60, "the fork server to end")
     output = log.read_text()
     assert code == 130 and "Traceback" not in output and "KeyboardInterrupt" not in output, output
     assert output.splitlines()[-1].startswith("interrupted:"), output

@@ -92,6 +92,42 @@ def test_a_stop_whose_exception_python_swallowed_is_raised_at_the_next_check():
     raise_if_stopped()
 
 
+TWO_STOPS_IN_A_WORKER = """
+import os, signal
+from nas.study.signals import interruptible, raise_if_stopped
+
+interruptible(once=ONCE)
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT, signal.SIGTERM])
+os.kill(os.getpid(), signal.SIGTERM)  # the group's SIGTERM and the search's SIGINT, both pending when a worker
+os.kill(os.getpid(), signal.SIGINT)  # that was starting unblocks them
+try:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT, signal.SIGTERM])
+    print("not stopped")
+except KeyboardInterrupt as stop:
+    print("stopped by", type(stop).__name__)
+    for _ in range(3):
+        os.kill(os.getpid(), signal.SIGINT)  # more while it reports the stop
+    print("reported")
+try:
+    raise_if_stopped()
+except KeyboardInterrupt:
+    print("still stopped")
+"""
+
+
+@pytest.mark.parametrize("once", [True, False])
+def test_a_worker_stops_once_however_many_stop_signals_reach_it(once):
+    run = subprocess.run([sys.executable, "-c", TWO_STOPS_IN_A_WORKER.replace("ONCE", str(once))],
+                         capture_output=True, text=True, timeout=60)
+    if once:  # the first raises, the rest are recorded: the worker reports its stop in one piece
+        assert run.returncode == 0 and run.stderr == "", run.stderr
+        first, *rest = run.stdout.splitlines()  # Python runs pending handlers in signal-number order: SIGINT's
+        assert first in ("stopped by KeyboardInterrupt", "stopped by Terminated") and rest == ["reported",
+                                                                                              "still stopped"]
+    else:  # the search's own process: every Ctrl-C raises (a second one may cut its clean-up short)
+        assert run.returncode != 0 and "KeyboardInterrupt" in run.stderr
+
+
 SWALLOWED_IN_A_PROCESS = """
 import signal, sys, weakref
 from nas.study.signals import interruptible, raise_if_stopped

@@ -8,6 +8,7 @@ process, so the running trial is marked interrupted and re-queued and the same c
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -97,7 +98,7 @@ def _worker_main(config: SearchConfig, worker: int, queue: Any, placement: Place
     if placement is not None:
         apply_placement(placement)  # before anything in this process initialises CUDA
     keep_freed_memory()  # the allocator a training process runs best with (runners.allocator)
-    interruptible()
+    interruptible(once=True)  # one stop signal reaches a worker twice (nas.study.signals.interruptible)
     try:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked from the fork server (start_fork_server)
         search = open_search(config, worker=worker, create=False)
@@ -174,6 +175,22 @@ def start_fork_server(context: Any) -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
+def kill_fork_server(context: Any) -> None:
+    """SIGKILL the fork server (its workers die with it: ``die_with_parent``) and reap it, for a search stopped while
+    starting its workers: asked to stop, the server would first serve the starts it holds, forking workers after the
+    search has gone (with a traceback: what they unpickle is gone too). CPython's private ``_forkserver_pid``, as
+    ``stop_fork_server`` uses its ``_stop``; absent, nothing is done."""
+    if context.get_start_method() != "forkserver":
+        return
+    from multiprocessing import forkserver
+
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    if pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    stop_fork_server(context)  # reaps it and forgets it: the next search in this process starts a new one
+
+
 def stop_fork_server(context: Any) -> None:
     """End the fork server once the search's workers have: it reaped them, so once this process reaps it, its
     ``RUSAGE_CHILDREN`` covers the workers (the search's last line states the largest process's peak memory, as
@@ -227,9 +244,13 @@ def run_search(config: SearchConfig, on_event: Callable[[TrialEvent], None] | No
                                  args=(placed(config, p, workers), p.worker, queue, p, note if i == 0 else None,
                                        environment))
                  for i, p in enumerate(places)]
-    start_fork_server(context)
-    for p in processes:
-        p.start()
+    try:
+        start_fork_server(context)
+        for p in processes:
+            p.start()
+    except KeyboardInterrupt:  # a start the server has not served yet would fork a worker once this search is gone
+        kill_fork_server(context)
+        raise
     errors, died, finished = [], [], set()
     try:
         while len(finished) < len(processes):

@@ -42,6 +42,7 @@ class Terminated(KeyboardInterrupt):
 
 
 _received: list[int] = []  # the stop signals this process has received since ``interruptible``
+_once = False  # ``interruptible(once=True)``: the first stop signal raises, and later ones are ignored
 
 
 def _stop_exception(signum: int) -> KeyboardInterrupt:
@@ -50,7 +51,15 @@ def _stop_exception(signum: int) -> KeyboardInterrupt:
 
 def _stop(signum: int, frame: Any) -> None:
     _received.append(signum)
+    if _once:  # before raising: a second signal already pending runs this handler here, once, and raises instead
+        for stop in STOP_SIGNALS:
+            signal.signal(stop, _stopping)  # not SIG_IGN: Python reports a pending signal it finds ignored
     raise _stop_exception(signum)
+
+
+def _stopping(signum: int, frame: Any) -> None:
+    """The handler after the first stop of an ``interruptible(once=True)`` process: recorded, not raised."""
+    _received.append(signum)
 
 
 class QuietStop(logging.Filter):
@@ -104,15 +113,23 @@ def raise_if_stopped() -> None:
         raise _stop_exception(_received[0])
 
 
-def interruptible() -> None:
+def interruptible(once: bool = False) -> None:
     """Make SIGINT and SIGTERM raise ``KeyboardInterrupt``: a clean stop, the running trial re-queued.
 
     A shell starts background jobs (``nas search ... &``, ``nohup``) with SIGINT ignored, and
     Python then leaves it ignored; ``kill -INT`` must still stop a search as Ctrl-C does in a
     terminal. SIGTERM stops it the same way instead of leaving the trial to be found stale after
     the heartbeat grace period.
+
+    ``once`` (a search's worker process): the first stop signal raises and the later ones are ignored. A worker
+    gets two for one stop (a terminal's Ctrl-C or a SIGTERM to the group reaches it, and the search passes one on),
+    and the second raised anywhere in the first one's handling, even after the worker's last line of code (a
+    traceback). A first one whose exception was swallowed is still raised again by ``raise_if_stopped`` at the next
+    evaluation or trial.
     """
+    global _once
     if threading.current_thread() is threading.main_thread():
+        _once = once
         _received.clear()
         signal.signal(signal.SIGINT, _stop)
         signal.signal(signal.SIGTERM, _stop)
