@@ -100,7 +100,8 @@ def _worker_main(config: SearchConfig, worker: int, queue: Any, placement: Place
     keep_freed_memory()  # the allocator a training process runs best with (runners.allocator)
     interruptible(once=True)  # one stop signal reaches a worker twice (nas.study.signals.interruptible)
     try:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked from the fork server (start_fork_server)
+        if hasattr(signal, "pthread_sigmask"):  # blocked from the fork server (start_fork_server); Windows has none
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         search = open_search(config, worker=worker, create=False)
         search.device_label = placement.label if placement is not None else search.device_label
         run_worker(search, lambda event: queue.put(("event", worker, event)), note)

@@ -42,7 +42,7 @@ class Terminated(KeyboardInterrupt):
 
 
 _received: list[int] = []  # the stop signals this process has received since ``interruptible``
-_once = False  # ``interruptible(once=True)``: the first stop signal raises, and later ones are ignored
+_once = False  # ``interruptible(once=True)``: the first stop signal raises, later ones are only recorded
 
 
 def _stop_exception(signum: int) -> KeyboardInterrupt:
@@ -121,7 +121,7 @@ def interruptible(once: bool = False) -> None:
     terminal. SIGTERM stops it the same way instead of leaving the trial to be found stale after
     the heartbeat grace period.
 
-    ``once`` (a search's worker process): the first stop signal raises and the later ones are ignored. A worker
+    ``once`` (a search's worker process): the first stop signal raises and the later ones are only recorded. A worker
     gets two for one stop (a terminal's Ctrl-C or a SIGTERM to the group reaches it, and the search passes one on),
     and the second raised anywhere in the first one's handling, even after the worker's last line of code (a
     traceback). A first one whose exception was swallowed is still raised again by ``raise_if_stopped`` at the next
