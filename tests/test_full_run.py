@@ -18,7 +18,7 @@ from search_helpers import nas_env
 
 from nas.arch import ArchConfig, FFNShape
 from nas.errors import UsageError
-from runners.checkpoint import read_checkpoint
+from runners.checkpoint import CHECKPOINT_NAME, read_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -165,6 +165,33 @@ class Payload:
 
     def __reduce__(self):
         return (os.system, ("touch PWNED",))
+
+
+@pytest.mark.parametrize("stop", ["kill -INT to a background job", "SIGTERM"])
+def test_a_stopped_run_says_so_in_one_line_and_the_same_command_resumes_it(tmp_path, config, stop):
+    """`nas train ... &` starts with SIGINT ignored (Python keeps it so), and `kill -INT` did nothing to it; SIGTERM
+    (a batch scheduler's notice) ended it without a word. Both now stop it as Ctrl-C does: exit 130 and one line."""
+    out = tmp_path / "run"
+    cmd = command(config, out, 1, "--checkpoint-every", "25", train=["--preset", "tiny", "--tokens", str(100 * 128),
+                                                                  "--device", "cpu", "--threads", "1"])
+    sig = signal.SIGINT if stop.startswith("kill -INT") else signal.SIGTERM
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=nas_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    deadline = time.monotonic() + 120
+    while not (out / CHECKPOINT_NAME).exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(sig)
+    said = proc.stderr.read()
+    assert proc.wait(timeout=60) == 130, said
+    assert "Traceback" not in said and "KeyboardInterrupt" not in said, said
+    assert said.strip().splitlines()[-1] == (f"interrupted: {str(out)!r} keeps the run's last checkpoint; run the "
+                                             "same command to resume from it (from the start if none was written "
+                                             "yet)"), said
+    assert not (out / "result.json").exists()
+    if sig == signal.SIGTERM:
+        return  # one resume suffices: the stop above is what differs
+    resumed = json.loads(run(cmd, tmp_path).stdout)
+    assert resumed["status"] == "ok" and resumed["resumed_from_step"] > 0, resumed
 
 
 def test_corrupt_truncated_foreign_and_crafted_checkpoints_are_refused_by_name(tmp_path, config):

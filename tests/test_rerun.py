@@ -113,29 +113,40 @@ def processes_naming(text: str) -> list[str]:
     return found
 
 
-def test_ctrl_c_while_the_next_run_launches_stops_the_child_as_quietly_as_the_parent(tmp_path):
+@pytest.mark.parametrize("stop", ["terminal Ctrl-C", "kill -INT to a background job"])
+def test_ctrl_c_while_the_next_run_launches_stops_the_child_as_quietly_as_the_parent(tmp_path, stop):
     """Issue 52: a terminal's Ctrl-C reaches the whole foreground process group; the launched `nas train`, still
     importing, printed its own KeyboardInterrupt traceback (or an "Exception ignored in atexit callback" one) under
-    the parent's line."""
+    the parent's line. A background job (`nas rerun ... &`) starts with SIGINT ignored, and `kill -INT` did nothing
+    to it (Python keeps an inherited SIG_IGN) until the command installed its own handler."""
     from benchmarks.synthetic_studies import SyntheticSpec, synthetic_study
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = sqlite_url(tmp_path / "nas.db")
     synthetic_study(SyntheticSpec(space="prism", preset="tiny", trials=6), storage=storage, name="proxy")
+    background = stop != "terminal Ctrl-C"
+
+    def as_started() -> None:  # whatever the test runner's own SIGINT is (a suite started with `&` ignores it)
+        signal.signal(signal.SIGINT, signal.SIG_IGN if background else signal.SIG_DFL)
+
     runs = tmp_path / "runs"
     proc = subprocess.Popen([*NAS, *RERUN, "--storage", storage, "--runs", str(runs)], cwd=tmp_path, env=nas_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # its own group: the test's Ctrl-C reaches it and its children
+                            start_new_session=True,  # its own group: the test's Ctrl-C reaches it and its children
+                            preexec_fn=as_started)
     lines = [proc.stderr.readline()]
     assert ": training in " in lines[0], lines  # the first run is being launched
     deadline = time.monotonic() + 60
     while not processes_naming(f"--out {runs}") and time.monotonic() < deadline:
         time.sleep(0.005)
     time.sleep(0.2)  # the child is importing: the window of the issue
-    os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: every process of the group
+    if background:
+        os.kill(proc.pid, signal.SIGINT)  # `kill -INT PID`: the parent alone
+    else:
+        os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: every process of the group
     rest = proc.stderr.read()
-    assert proc.wait(timeout=60) == 130
     said = "".join(lines) + rest
+    assert proc.wait(timeout=60) == 130, said
     assert "Traceback" not in said and "Exception ignored" not in said and "KeyboardInterrupt" not in said, said
     assert rest.strip().splitlines() == ["interrupted: finished runs are recorded; re-run the same command to resume"]
     time.sleep(0.5)

@@ -134,13 +134,15 @@ def open_batch(proxy: StudyData, target: Target, shapes: list[PlannedShape], see
 def train_runs(batch: RerunBatch) -> None:
     """Train every planned run not recorded yet, one after another, and record each (a run interrupted before is
     resumed from its checkpoint); one line a run with its loss and the time left. Ctrl-C: exit 130, what finished is
-    recorded and the same command resumes."""
+    recorded and the same command resumes; `kill -INT` and SIGTERM stop it the same way."""
     import time
 
     from nas.rerun.launch import launch, read_result
     from nas.rerun.record import record, recorded
+    from nas.study.signals import interruptible
     from nas.units import format_duration
 
+    interruptible()  # `kill -INT` stops a background job too (its SIGINT is ignored until now), and SIGTERM as Ctrl-C
     done = recorded(batch.results, batch.settings)
     started, trained = time.perf_counter(), 0
     left = sum((run.shape.proxy_key, run.seed) not in done for run in batch.planned)

@@ -45,7 +45,8 @@ def train(
     output: Annotated[str | None, typer.Option("-o", "--output", help="Also write the result JSON here "
                                                    "(default: stdout only).", show_default=False)] = None,
 ) -> None:
-    """Train one shape at a preset and print its result as JSON; under torchrun, every process trains (DDP)."""
+    """Train one shape at a preset and print its result as JSON; under torchrun, every process trains (DDP).
+    Ctrl-C, `kill -INT` or `kill`: exit 130, and with --out the same command resumes from the last checkpoint."""
     from nas.configs import read_arch_config
     from runners.presets import get_preset
 
@@ -69,11 +70,19 @@ def train(
     cfg = cfg.with_(compile=compile)
 
     from nas.data import load_data
+    from nas.study.signals import interruptible
     from runners.full import RunOptions, run_full
 
-    result = run_full(arch, cfg, load_data(data), RunOptions(out=out, checkpoint_every=checkpoint_every,
-                                                             micro_batch=micro_batch))
-    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 speaks for the run
+    interruptible()  # Ctrl-C, `kill -INT` (a background job's SIGINT is ignored until now) and SIGTERM: one line
+    speaks = int(os.environ.get("RANK", "0")) == 0  # under torchrun, rank 0 speaks for the run
+    try:
+        result = run_full(arch, cfg, load_data(data), RunOptions(out=out, checkpoint_every=checkpoint_every,
+                                                                 micro_batch=micro_batch))
+    except KeyboardInterrupt:
+        if speaks:
+            typer.echo(interrupted(out), err=True)
+        raise typer.Exit(130) from None
+    if not speaks:
         return
     text = json.dumps(result, indent=2, default=str)
     if target is not None:
@@ -82,3 +91,11 @@ def train(
     if result["status"] != "ok":
         typer.echo(f"run ended {result['status']}: {result['reason']}", err=True)
         raise typer.Exit(1)
+
+
+def interrupted(out: Path | None) -> str:
+    """The one line a stopped ``nas train`` prints: what it kept, and how to go on."""
+    if out is None:
+        return "interrupted: nothing was kept (--out FOLDER keeps checkpoints that the same command resumes from)"
+    return (f"interrupted: {str(out)!r} keeps the run's last checkpoint; run the same command to resume from it "
+            "(from the start if none was written yet)")
