@@ -52,8 +52,11 @@ def arch_from_json(data: Any, source: str, rank: int | None = None) -> ArchConfi
             rank = 1
         if not 1 <= rank <= len(rows):
             raise UsageError(f"--rank {rank} is invalid: {source} holds {len(rows)} rows (ranks 1-{len(rows)})")
-        by_rank = {row.get("rank"): row for row in rows if isinstance(row.get("rank"), int)}
-        data = by_rank.get(rank, rows[rank - 1])
+        ranked = [row for row in rows if isinstance(row.get("rank"), int) and row.get("rank") == rank]
+        if len(ranked) > 1:  # an edited or concatenated file: which of them was meant is not the tool's guess
+            raise UsageError(f"{source} holds {len(ranked)} rows of rank {rank}: keep one (a `nas best --format "
+                             "json` file has one row a rank)")
+        data = ranked[0] if ranked else rows[rank - 1]
     elif rank is not None and rank != 1:
         raise UsageError(f"--rank {rank} needs a list of rows, and {source} holds one shape")
     if not isinstance(data, dict):

@@ -11,8 +11,10 @@ path and what would be valid, never a traceback:
 - ``check_input(path, what, kind)``: it exists and is a regular file (or a folder);
 - ``OutputFile``: a file a command writes. ``check()`` refuses, before any work, what cannot be
   written: a folder, a device or FIFO, a read-only file, a missing or unwritable folder, a name too
-  long; ``write()`` writes through a temporary file beside it and an atomic rename (no reader
-  ever sees half a file, a failed write leaves nothing behind); ``-`` is standard output.
+  long, and what writing would destroy: an SQLite database (a study's storage, under any name or
+  link) and the files SQLite keeps beside one; ``write()`` writes through a temporary file beside
+  the file a symbolic link names (the link stays a link) and an atomic rename (no reader ever sees
+  half a file, a failed write leaves nothing behind); ``-`` is standard output.
 
 Imports no torch.
 """
@@ -138,6 +140,7 @@ def output_folder(text: str | os.PathLike[str], what: str) -> Path:
     """A folder a command writes into (``--out``, ``--runs``): one that exists and is writable, or one that can be
     made with its missing parents (the nearest existing parent writable); ``UsageError`` otherwise."""
     folder = user_path(text, what)
+    refuse_sqlite_file(folder, f"{what} {show(folder)}")  # a folder named like SQLite's log would block the database
     info = stat_path(folder, what)
     if info is not None:
         if not stat.S_ISDIR(info.st_mode):
@@ -195,8 +198,17 @@ class OutputFile:
             if not self.force and (not info.st_mode & 0o222 or not os.access(path, os.W_OK)):
                 raise UsageError(f"{self.what} {show(path)} is read-only (mode {stat.S_IMODE(info.st_mode):04o}): "
                                  "make it writable or choose another name")
-        writable_folder(path.parent, f"{self.what} {show(path)}: its folder")
+        target = self.target
+        refuse_sqlite_file(target, f"{self.what} {show(path)}")
+        writable_folder(target.parent, f"{self.what} {show(path)}: its folder")
         return self
+
+    @property
+    def target(self) -> Path:
+        """The file written: the path itself, or the file its symbolic links name (replacing the link by a file
+        would leave the file it names as it was, and a link such as ``/dev/stdout`` broken for every program)."""
+        assert self.path is not None
+        return Path(os.path.realpath(self.path)) if self.path.is_symlink() else self.path
 
     def write(self, content: str | bytes) -> None:
         """Write all of ``content``; a failure is one ``UsageError`` and leaves no temporary file behind."""
@@ -205,24 +217,53 @@ class OutputFile:
             write_stdout(data)
             return
         self.check()
-        existing = self.path.exists()
-        mode = stat.S_IMODE(self.path.stat().st_mode) | (0o200 if self.force else 0) if existing \
+        target = self.target
+        existing = target.exists()
+        mode = stat.S_IMODE(target.stat().st_mode) | (0o200 if self.force else 0) if existing \
             else 0o666 & ~_umask()
         tmp = None
         try:
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
+            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
             with os.fdopen(fd, "wb") as file:
                 file.write(data)
                 file.flush()
                 os.fsync(file.fileno())
             os.chmod(tmp, mode)
-            os.replace(tmp, self.path)
+            os.replace(tmp, target)
             tmp = None
         except OSError as error:
             raise UsageError(f"cannot write {self.what} {show(self.path)}: {reason(error)}") from None
         finally:
             if tmp is not None:
                 Path(tmp).unlink(missing_ok=True)
+
+
+SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database (sqlite.org/fileformat.html)
+SQLITE_COMPANIONS = ("-wal", "-shm", "-journal", "-searches")  # SQLite's log, index and journal; the search lock
+
+
+def is_sqlite_database(path: Path) -> bool:
+    """Whether ``path`` is a regular file that starts as an SQLite database does (False when it cannot be read)."""
+    try:
+        with open(path, "rb") as file:
+            return stat.S_ISREG(os.fstat(file.fileno()).st_mode) and file.read(len(SQLITE_HEADER)) == SQLITE_HEADER
+    except (OSError, ValueError):
+        return False
+
+
+def refuse_sqlite_file(path: Path, what: str) -> None:
+    """``UsageError`` when writing ``path`` would destroy a database: an SQLite file (a study's storage, whatever
+    its name), or a file SQLite keeps beside one (its write-ahead log holds the newest trials until SQLite copies
+    them into the file)."""
+    if is_sqlite_database(path):
+        raise UsageError(f"{what} is an SQLite database (a study's storage?): writing over it would lose what it "
+                         "holds; choose another name")
+    for suffix in SQLITE_COMPANIONS:
+        database = path.with_name(path.name[:-len(suffix)]) if path.name.endswith(suffix) and path.name != suffix \
+            else None
+        if database is not None and is_sqlite_database(database):
+            raise UsageError(f"{what} is the {suffix} file of the SQLite database {show(database)}: writing over "
+                             "it could lose what the database holds; choose another name")
 
 
 def _umask() -> int:

@@ -27,6 +27,8 @@ def parse_size(text: str | int, what: str = "size") -> int:
         if not math.isfinite(number) or number > 10**15:
             raise UsageError(f"{what} {text!r} is too large: at most 1000T")
         value = round(number)
+        if value <= 0 < number:  # 0.4, 1e-3k: a fraction of one
+            raise UsageError(f"{what} {text!r} must be at least 1 (it rounds to {value})")
     if value <= 0:
         raise UsageError(f"{what} {text!r} must be positive")
     return value

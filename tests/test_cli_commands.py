@@ -63,6 +63,7 @@ def test_train_runs_one_shape_and_writes_its_result(tmp_path):
     (["--config", "missing.json"], "does not exist"),
     (["--config", "arch.json", "--preset", "huge"], "unknown preset 'huge'"),
     (["--config", "arch.json", "--tokens", "lots"], "--tokens 'lots' is not a size"),
+    (["--config", "arch.json", "--tokens", "0.5"], "--tokens '0.5' must be at least 1 (it rounds to 0)"),
     (["--config", "arch.json", "--rank", "2"], "--rank 2 needs a list of rows"),
     (["--config", "arch.json", "--data", "/no/such/data"], "not found"),
 ])

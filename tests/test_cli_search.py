@@ -43,7 +43,8 @@ def one_line_error(result) -> str:
     (["--storage", "sqlite://"], "names no file"),
     (["--storage", "sqlite:////no/such/folder/nas.db"], "does not exist"),
     (["--storage", "postgresql://nas@127.0.0.1:1/nas"], "cannot open storage"),  # nothing listens on port 1
-    (["--storage", "mysql://nas@127.0.0.1/nas"], "needs the Python package 'MySQLdb'"),  # driver not installed
+    (["--storage", "mysql://nas@127.0.0.1/nas"], "needs the Python package 'MySQLdb': install that driver"),  # not
+    # installed; the hint no longer offers PostgreSQL's extra for it
     (["--trials", "0"], "--trials 0 is invalid"),
     (["--trials", "-3"], "--trials -3 is invalid"),
     (["--workers", "0"], "--workers 0 is invalid"),

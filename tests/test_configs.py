@@ -57,6 +57,13 @@ def test_a_rank_outside_the_leaderboard_or_on_a_single_shape_is_refused():
         arch_from_json(STEP.to_dict(), "f", rank=2)
 
 
+def test_a_leaderboard_with_two_rows_of_the_asked_rank_is_refused_not_guessed():
+    rows = [row(1, STEP), row(1, BASE), row(2, BASE)]  # an edited or concatenated file: it took one silently
+    with pytest.raises(UsageError, match="f holds 2 rows of rank 1: keep one"):
+        arch_from_json(rows, "f", rank=1)
+    assert arch_from_json(rows, "f", rank=2) == BASE  # a rank held once is still read
+
+
 @pytest.mark.parametrize("text, says", [("", "is not JSON"), ("{", "is not JSON"), ("[NaN]", "NaN is not a valid")])
 def test_unreadable_files_name_the_file(tmp_path, text, says):
     path = tmp_path / "bad.json"

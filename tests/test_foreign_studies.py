@@ -12,9 +12,11 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
+import subprocess
 
 import optuna
 import pytest
+from search_helpers import NAS, nas_env
 from typer.testing import CliRunner
 
 from benchmarks.synthetic_studies import SyntheticSpec, synthetic_study
@@ -80,6 +82,16 @@ def test_nas_studies_aligns_its_columns_under_wide_characters(tmp_path, shared):
     counts = [re.match(r"^(.*?) +(\d+|trials)  ", line) for line in lines]
     assert {cell_len(line[:m.end(2)]) for line, m in zip(lines, counts)} == {cell_len(lines[0][:m.end(2)])
                                                                              for m in counts[:1]}, result.stdout
+
+
+def test_a_study_name_this_terminal_cannot_encode_is_shown_escaped_not_a_traceback(tmp_path, shared):
+    """Under LC_ALL=C or PYTHONIOENCODING=ascii, an emoji study name ended `nas studies` in a UnicodeEncodeError
+    traceback; standard output now escapes what it cannot encode, as Python does on standard error."""
+    optuna.create_study(storage=shared, study_name="\U0001f642\u00e9")
+    done = subprocess.run([*NAS, "studies", "--storage", shared], env={**nas_env(), "PYTHONIOENCODING": "ascii"},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert any(line.startswith("\\U0001f642\\xe9 ") for line in done.stdout.splitlines()), done.stdout
 
 
 def set_stored_attr(storage: str, number: int, name: str, value: object = None, delete: bool = False) -> None:

@@ -11,6 +11,7 @@ commands, not those functions, so a command that bypasses them fails here.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import sqlite3
 import stat
@@ -90,6 +91,7 @@ def place(tmp_path_factory) -> Path:
     with sqlite3.connect(newer) as db:
         db.execute("UPDATE alembic_version SET version_num = 'v9.9.9.z'")
         db.execute("UPDATE version_info SET library_version = '9.1.0'")
+    (root / "link.db").symlink_to("study.db")
     os.mkfifo(root / "fifo")
     os.mknod(root / "chardev", stat.S_IFCHR | 0o666, os.makedev(1, 3))  # a /dev/null of our own
     (root / "folder").mkdir()
@@ -177,8 +179,6 @@ STORAGE_COMMANDS = {
 @HOSTILE
 @given(family=st.sampled_from(sorted(BAD_STORAGES)), command=st.sampled_from(sorted(STORAGE_COMMANDS)))
 def test_a_storage_that_is_no_storage_is_one_line_and_left_as_it_was(place, family, command):
-    if command == "dashboard" and family not in ("bad timeout", "file url"):
-        return  # the dashboard's own check (the port) comes first for the others
     line = refused(place, STORAGE_COMMANDS[command](BAD_STORAGES[family]))
     if family == "newer optuna":
         assert "Optuna 9.1.0" in line, line  # says which version made it
@@ -228,7 +228,10 @@ def test_a_study_in_a_read_only_folder_is_readable(place, tmp_path):
 # ----------------------------------------------------------------- outputs that must be refused, not replaced
 BAD_OUTPUTS = {"character device": "chardev", "fifo": "fifo", "read-only file": "readonly.json", "folder": "folder",
                "missing folder": "nowhere/out.json", "long name": "y" * 300 + ".json", "unknown user":
-               "~nosuchuser4242/out.json", "the dot": "."}
+               "~nosuchuser4242/out.json", "the dot": ".",
+               # what writing would destroy: `nas report -o nas.db` replaced the study it read with its page
+               "the study's database": "study.db", "a link to it": "link.db", "another program's database": "other.db",
+               "the database's write-ahead log": "study.db-wal", "the search lock beside it": "study.db-searches"}
 OUTPUT_COMMANDS = {
     "report -o": lambda o: ["report", "--storage", "sqlite:///study.db", "-o", o],
     "export -o": lambda o: ["export", "--storage", "sqlite:///study.db", "-o", o],
@@ -246,6 +249,19 @@ def test_an_output_target_that_cannot_be_written_is_refused_before_any_work(plac
                                                                                 "read-only file"):
         return  # these take a folder, made with its parents when missing (a file there: "fifo", "device" cover it)
     refused(place, OUTPUT_COMMANDS[command](BAD_OUTPUTS[family]))
+
+
+def test_an_output_through_a_symbolic_link_writes_the_file_it_names_and_the_link_stays(place, tmp_path):
+    # the write replaced the link itself by a file: the file it named kept its old content, and as root
+    # `-o /dev/stdout` turned the machine's /dev/stdout into a plain file
+    (tmp_path / "keep").mkdir()
+    (tmp_path / "keep" / "latest.json").write_text("old\n")
+    link = tmp_path / "latest.json"
+    link.symlink_to(Path("keep") / "latest.json")
+    result = CliRunner().invoke(app, ["export", "--storage", f"sqlite:///{place / 'study.db'}", "-o", str(link)])
+    assert result.exit_code == 0, result.output
+    assert link.is_symlink() and json.loads((tmp_path / "keep" / "latest.json").read_text())[0]["rank"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep", "latest.json"]  # no temporary file left
 
 
 def test_export_to_dash_writes_standard_output_and_no_file(place):
@@ -359,6 +375,14 @@ def test_the_dashboard_on_a_busy_port_is_one_line(place):
 def tiny_search(tmp_path: Path, *extra: str) -> list[str]:
     return ["search", "--preset", "tiny", "--trials", "1", "--storage", f"sqlite:///{tmp_path / 'nas.db'}",
             "--study-name", "s", "--workers", "1", "--threads", "1", *extra]
+
+
+@pytest.mark.parametrize("file", ["typo.db", "empty.db", "other.db"])
+def test_the_dashboard_makes_no_storage_of_a_mistyped_empty_or_foreign_file(place, file):
+    # it opened the storage to write, so a mistyped name became a new database and an empty file or another
+    # program's database got Optuna's tables; it now refuses them as every reader does, and writes nothing
+    line = refused(place, ["dashboard", "--storage", f"sqlite:///{file}", "--port", "1"])
+    assert file in line, line
 
 
 @pytest.mark.parametrize("stage", ["row only", "attributes, no baseline", "baseline queued, no identity"])

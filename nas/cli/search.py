@@ -170,7 +170,7 @@ def search(
                    "run the same command to resume once the cause is fixed", err=True)
         raise typer.Exit(1) from None
     except KeyboardInterrupt:
-        typer.echo("interrupted: the running trial is marked and re-queued; re-run the same command to resume",
+        typer.echo("interrupted: a trial that was running is marked and re-queued; re-run the same command to resume",
                    err=True)
         raise typer.Exit(130) from None
     for note in result.notes[progress.notes_shown:]:

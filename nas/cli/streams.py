@@ -58,7 +58,11 @@ class GuardedOutput(io.TextIOBase):
         if not text:  # a probe (click writes "" to learn the stream's kind): nothing to fail on
             return 0
         try:
-            return self.inner.write(text)
+            try:
+                return self.inner.write(text)
+            except UnicodeEncodeError:  # a name this terminal's encoding cannot show (LC_ALL=C, PYTHONIOENCODING=ascii)
+                encoding = self.inner.encoding or "ascii"  # shown escaped, as Python shows it on standard error
+                return self.inner.write(text.encode(encoding, "backslashreplace").decode(encoding))
         except OSError as error:
             raise OutputClosed.of(error) from None
 

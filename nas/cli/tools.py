@@ -103,6 +103,9 @@ def dashboard(
 
     if not 0 < port < 65536:
         raise UsageError(f"--port {port} is invalid: use 1-65535")
+    # refused as every reader refuses it: a mistyped file name, an empty file or another program's database, which
+    # opening it to write would have turned into an Optuna storage; the dashboard itself may write (notes)
+    make_storage(storage, read_only=True).engine.dispose()
     check_port_free(host, port)
     store = make_storage(storage)
     typer.echo(f"optuna-dashboard for {display_url(storage)} on http://{host}:{port}/ (Ctrl-C stops)", err=True)

@@ -208,8 +208,9 @@ def make_storage(url: str = DEFAULT_STORAGE, heartbeat_interval: int = 10,
                                      heartbeat_interval, grace_period, read_only)
     except ImportError as error:  # Optuna re-raises the driver's ModuleNotFoundError as a bare ImportError
         missing = getattr(error.__cause__, "name", None) or error.name or "its database driver"
-        raise UsageError(f"storage URL {display_url(url)!r} needs the Python package {missing!r}: "
-                         "pip install 'prism-nas[postgres]' for PostgreSQL") from None
+        install = ("pip install 'prism-nas[postgres]'" if parsed.get_backend_name() == "postgresql" else
+                   "install that driver (prism-nas is tested with SQLite and PostgreSQL)")
+        raise UsageError(f"storage URL {display_url(url)!r} needs the Python package {missing!r}: {install}") from None
     except sqlalchemy.exc.DBAPIError as error:  # cannot connect, no permission...
         first = str(error.orig).strip().splitlines()[0] if error.orig else str(error).splitlines()[0]
         password = parsed.password
