@@ -245,7 +245,10 @@ SQLITE_COMPANIONS = ("-wal", "-shm", "-journal", "-searches")  # SQLite's log, i
 def is_sqlite_database(path: Path) -> bool:
     """Whether ``path`` is a regular file that starts as an SQLite database does (False when it cannot be read)."""
     try:
-        with open(path, "rb") as file:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the open, a device may act on it
+            return False
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # ...and so on a swap meanwhile
+        with os.fdopen(fd, "rb") as file:
             return stat.S_ISREG(os.fstat(file.fileno()).st_mode) and file.read(len(SQLITE_HEADER)) == SQLITE_HEADER
     except (OSError, ValueError):
         return False

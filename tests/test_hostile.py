@@ -251,6 +251,19 @@ def test_an_output_target_that_cannot_be_written_is_refused_before_any_work(plac
     refused(place, OUTPUT_COMMANDS[command](BAD_OUTPUTS[family]))
 
 
+@pytest.mark.parametrize("command", ["train --out", "rerun --runs"])
+def test_a_fifo_given_for_a_folder_is_refused_without_opening_it(place, command):
+    # looking for an SQLite header must not open a FIFO: opening one to read waits for a writer, for ever
+    refused(place, OUTPUT_COMMANDS[command]("fifo"))
+
+
+def test_an_output_named_like_a_log_beside_a_fifo_is_written_without_opening_the_fifo(place, tmp_path):
+    os.mkfifo(tmp_path / "fifo")
+    result = CliRunner().invoke(app, ["export", "--storage", f"sqlite:///{place / 'study.db'}", "-o",
+                                      str(tmp_path / "fifo-wal")])
+    assert result.exit_code == 0 and json.loads((tmp_path / "fifo-wal").read_text()), result.output
+
+
 def test_an_output_through_a_symbolic_link_writes_the_file_it_names_and_the_link_stays(place, tmp_path):
     # the write replaced the link itself by a file: the file it named kept its old content, and as root
     # `-o /dev/stdout` turned the machine's /dev/stdout into a plain file
