@@ -80,6 +80,23 @@ def format_plateaus(heads: Sequence[int]) -> str:
     return ",".join(f"{h}x{n}" for h, n in plateaus(heads))
 
 
+def parse_plateaus(text: str, what: str, example: str) -> tuple[int, ...]:
+    """``format_plateaus``' inverse, and plain lists: ``"3,3,6,6"`` or ``"3x2,6x2"`` (count x layers) -> one count a
+    layer; ``UsageError`` naming ``what`` for an item that is no count, and for more layers than a shape may have
+    (``4x99999999999999999999`` would have been a list too large to build). ``example``: a valid value to show."""
+    counts: list[int] = []
+    for item in text.replace(" ", "").split(","):
+        count, _, times = item.partition("x")
+        if not count.isdigit() or (times and not times.isdigit()):
+            raise UsageError(f"{what} item {item!r} is not a count: give comma-separated integers or count x layers, "
+                             f"e.g. {example}")
+        repeat = int(times) if times else 1
+        if len(counts) + repeat > MAX_LAYERS:
+            raise UsageError(f"{what} {text!r} gives more than {MAX_LAYERS:,} layers, the most a shape may have")
+        counts += [int(count)] * repeat
+    return tuple(counts)
+
+
 @dataclass(frozen=True)
 class FFNShape:
     """The FFN of every layer: ``k`` stacked residual SwiGLU sub-MLPs of hidden size ``hidden``.

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from nas.arch import MAX_LAYERS, divisors_up_to, format_plateaus, plateaus
+from nas.arch import MAX_LAYERS, divisors_up_to, format_plateaus, parse_plateaus, plateaus
 from nas.errors import UsageError
 from search_spaces.base import Rule, check_positive
 
@@ -60,13 +60,7 @@ GQA_RULES = (
 def parse_kv_schedule(text: str, layers: int) -> tuple[int, ...]:
     """``"4,4,2,2"`` or ``"4x6,2x6"`` (key/value heads x layers) -> one count per layer; ``UsageError`` for another
     length or an item that is no count."""
-    counts: list[int] = []
-    for item in text.replace(" ", "").split(","):
-        count, _, times = item.partition("x")
-        if not count.isdigit() or (times and not times.isdigit()):
-            raise UsageError(f"--kv item {item!r} is not a key/value head count: give comma-separated integers "
-                             "(4,4,2,2) or heads x layers (4x6,2x6)")
-        counts += [int(count)] * (int(times) if times else 1)
+    counts = parse_plateaus(text, "--kv", "4,4,2,2 or 4x6,2x6")
     if len(counts) != layers:
         raise UsageError(f"--kv {text!r} gives {len(counts)} layers but the shape has {layers}: give one key/value "
                          "head count per layer")

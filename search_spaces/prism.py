@@ -44,6 +44,7 @@ from nas.arch import (
     divisors_up_to,
     format_plateaus,
     llama_ffn_hidden,
+    parse_plateaus,
     plateaus,
 )
 from nas.errors import UsageError
@@ -57,16 +58,7 @@ __all__ = ["PrismSpace", "format_plateaus", "parse_schedule", "plateaus"]
 
 def parse_schedule(text: str) -> tuple[int, ...]:
     """``"3,3,6,6,12,12"`` or the compact ``"3x2,6x2,12x2"`` (head count x layers) -> a head tuple."""
-    heads: list[int] = []
-    for item in text.replace(" ", "").split(","):
-        count, _, times = item.partition("x")
-        if not count.isdigit() or (times and not times.isdigit()):
-            raise UsageError(
-                f"schedule item {item!r} is not a head count: give comma-separated integers "
-                "(3,3,6,6,12,12) or head x layers (3x2,6x2,12x2)"
-            )
-        heads += [int(count)] * (int(times) if times else 1)
-    return tuple(heads)
+    return parse_plateaus(text, "schedule", "3,3,6,6,12,12 or 3x2,6x2,12x2")
 
 
 DRAWS_PER_MEMBER = 8  # resolution of the plateau-count draw: each member's share spans at least 8 integers

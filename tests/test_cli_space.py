@@ -5,8 +5,12 @@ from __future__ import annotations
 import csv
 import io
 import json
+import signal
+import subprocess
+import time
 
 import pytest
+from search_helpers import NAS, nas_env
 from typer.testing import CliRunner
 
 from nas.cli import app
@@ -135,3 +139,25 @@ def test_space_options_from_cli_parses_sizes_lists_and_fractions():
         space_options_from_cli(trials=3)
     with pytest.raises(UsageError):
         build_space(SpaceOptions(space="hourglass", min_plateau=3))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["kill -INT", "SIGTERM"])
+def test_a_long_listing_in_the_background_stops_on_kill_int_and_sigterm(tmp_path, sig):
+    """`nas space list ... > big.json &` starts with SIGINT ignored (Python keeps it so): `kill -INT` did nothing to a
+    listing of billions of members (9.7 GB written in 11 minutes); every command now stops on it, and on SIGTERM, with
+    exit 130 and no traceback."""
+    with open(tmp_path / "big.json", "w") as out:
+        proc = subprocess.Popen([*NAS, "space", "list", "--space", "prism", "--layers", "96", "--d-model", "12288",
+                                 "--heads", "96", "--format", "json"], stdout=out, stderr=subprocess.PIPE, text=True,
+                                env=nas_env(), preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+        deadline = time.monotonic() + 60
+        while (tmp_path / "big.json").stat().st_size < 10_000 and time.monotonic() < deadline:  # it is listing
+            time.sleep(0.02)
+        proc.send_signal(sig)
+        try:
+            code = proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = proc.wait()
+        said = proc.stderr.read()
+        assert code == 130 and "Traceback" not in said, (code, said)

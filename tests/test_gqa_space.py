@@ -189,6 +189,8 @@ def test_a_search_on_a_budget_no_grouped_member_can_match_is_one_line_exit_2_and
     (["count", "--space", "joint", "--kv-groups", "2,x"], "is not a comma-separated list of ints"),
     (["show", "--space", "prism", "--kv-schedule", "--schedule", "12x12", "--kv", "6x11"],
      "gives 11 layers but the shape has 12"),
+    (["show", "--space", "prism", "--kv-schedule", "--schedule", "12x12", "--kv", "6x99999999999999999999"],
+     "--kv '6x99999999999999999999' gives more than 4,096 layers"),  # was an OverflowError traceback
     (["show", "--space", "hourglass", "--kv-groups", "2", "--config", "{config}", "--kv", "6x12"],
      "--kv applies to the prism space with --kv-groups"),
     (["show", "--space", "prism", "--config", "{bad}"], "kv_heads[layer 1]=5 does not divide that layer's 12 heads"),

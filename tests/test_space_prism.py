@@ -155,8 +155,14 @@ def test_plateau_helpers_round_trip():
     heads = parse_schedule("3x2,6x2,12x8")
     assert heads == parse_schedule("3,3,6,6," + ",".join(["12"] * 8))
     assert plateaus(heads) == [(3, 2), (6, 2), (12, 8)] and format_plateaus(heads) == "3x2,6x2,12x8"
-    with pytest.raises(UsageError, match="not a head count"):
+    with pytest.raises(UsageError, match="schedule item 'a' is not a count"):
         parse_schedule("3,a")
+    # a repeat past the deepest shape is refused before the list is built (it was an OverflowError traceback, or
+    # a MemoryError for 4x1000000000)
+    for huge in ("4x99999999999999999999", "4x1000000000", "4x4000,4x97"):
+        with pytest.raises(UsageError, match="gives more than 4,096 layers"):
+            parse_schedule(huge)
+    assert len(parse_schedule("4x4000,4x96")) == 4096
 
 
 @pytest.mark.parametrize("options", OPTIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "defaults")

@@ -17,7 +17,12 @@ app.add_typer(space.space_app, name="space")
 
 def main() -> None:
     """The ``nas`` console script."""
+    from nas.study.signals import interruptible
+
     guard_standard_streams()
+    # every command stops on Ctrl-C, `kill -INT` (a background job starts with SIGINT ignored, which Python keeps)
+    # and SIGTERM as on Ctrl-C: exit 130; the long ones (search, train, rerun) also say what they kept
+    interruptible()
     app()
 
 
