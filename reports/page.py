@@ -120,6 +120,7 @@ th, td { border: 1px solid #d7dee6; padding: 4px 8px; text-align: left; }
 th { background: #eef2f6; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 table.board td { white-space: nowrap; }
+table.board { display: block; max-width: 100%; overflow-x: auto; }  /* a wide board scrolls, not the page */
 section { scroll-margin-top: 44px; }
 div.figure { background: #fff; border: 1px solid #e1e6ec; margin: 10px 0; }
 footer { color: #6b7b8b; font-size: 12px; padding: 0 32px 24px; }

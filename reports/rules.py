@@ -20,7 +20,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from nas.stats.answer import RuleAnswer
-from nas.stats.rules import RuleFit
+from nas.stats.rules import TOO_FEW_SHAPES, RuleFit
 from reports.frame import StudyData
 from reports.page import Section, plot_text, table
 from reports.rule_text import (
@@ -39,7 +39,9 @@ BUDGET_COLOURS = ("#22558c", "#d95f02", "#1b9e77", "#7570b3", "#e7298a")
 FEW_VALUES = 4  # a rule with at most this many values gets one distribution function per value
 
 
-def forest_figure(answer: RuleAnswer, rules: tuple[Rule, ...], proxy_label: str) -> go.Figure:
+def forest_figure(answer: RuleAnswer, rules: tuple[Rule, ...], proxy_label: str) -> go.Figure | None:
+    """Each rule's effect with its interval, one marker a budget; None when no rule has a number (empty axes said
+    nothing the table does not say better)."""
     fits = [(f"proxy ({proxy_label})", answer.proxy), *answer.budgets]
     fig = go.Figure()
     for i, (label, fit) in enumerate(fits):
@@ -47,12 +49,16 @@ def forest_figure(answer: RuleAnswer, rules: tuple[Rule, ...], proxy_label: str)
             continue
         rows = [(rule, change_pct(rule, fit.estimate(rule.name))) for rule in rules]
         rows = [(rule, effect) for rule, effect in rows if effect is not None]
+        if not rows:
+            continue
         fig.add_trace(go.Scatter(
             x=[e[0] for _, e in rows], y=[plot_text(rule.change) for rule, _ in rows], mode="markers",
             name=plot_text(label), marker={"size": 10, "color": BUDGET_COLOURS[i % len(BUDGET_COLOURS)]},
             error_x={"type": "data", "symmetric": False, "array": [e[2] - e[0] for _, e in rows],
                      "arrayminus": [e[0] - e[1] for _, e in rows]},
             hovertemplate="%{y}: %{x:+.2f} % of the loss<extra>" + plot_text(label) + "</extra>"))
+    if not fig.data:
+        return None
     fig.add_vline(x=0, line={"color": "#888", "dash": "dot"})
     fig.update_xaxes(title_text="effect, % of the baseline's loss (95 % interval across shapes); positive: worse")
     fig.update_layout(height=140 + 60 * len(rules), title="Design rules: effect of each change",
@@ -75,8 +81,9 @@ def residual_figure(data: StudyData, fit: RuleFit, rules: tuple[Rule, ...]) -> g
                                  marker={"size": 6, "color": "#8a9bb0", "opacity": 0.8},
                                  text=[plot_text(shape_label(data, k)) for k in keys],
                                  hovertemplate="%{text}<br>%{x:.3g}: %{y:.4f}<extra></extra>"), row=1, col=col)
-        fig.add_trace(go.Scatter(x=line_x, y=line + shift, mode="lines", showlegend=False,
-                                 line={"color": "#22558c", "width": 2}), row=1, col=col)
+        if fit.estimate(rule.name).verdict != TOO_FEW_SHAPES:  # else an exact fit through the points: no effect
+            fig.add_trace(go.Scatter(x=line_x, y=line + shift, mode="lines", showlegend=False,
+                                     line={"color": "#22558c", "width": 2}), row=1, col=col)
         fig.update_xaxes(title_text=plot_text(rule.unit), row=1, col=col)
     fig.update_yaxes(title_text="loss less seeds and other rules", row=1, col=1)
     fig.update_layout(height=380, title="Partial residuals: each shape against each rule, with the fitted effect",
@@ -149,8 +156,8 @@ def rules_section(data: StudyData) -> Section:
             rows += rows_of(other, rules, label, answer)
     section.html = table(rows, css="board", formats={"estimate (nats/unit)": "{:+.4f}",
                                                      "MDE 80 % (nats/unit)": "{:.4f}"})
-    section.figures.append(forest_figure(answer, rules, data.preset))
-    for figure in (residual_figure(data, fit, rules), edf_figure(fit, rules)):
+    figures = (forest_figure(answer, rules, data.preset), residual_figure(data, fit, rules), edf_figure(fit, rules))
+    for figure in figures:
         if figure is not None:
             section.figures.append(figure)
     section.notes.append(f"At this proxy: {runs_text(fit)}, {fit.seeds} seed{'s' if fit.seeds != 1 else ''}; "

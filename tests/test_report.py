@@ -282,3 +282,19 @@ def test_training_curves_and_attention_distances_are_compared_on_common_seeds():
     assert "baseline (seed 0)" in names and any(n.endswith("(seed 0)") and n.startswith("h=2x2") for n in names)
     (delta,) = attention_section(data).figures[1].data
     assert list(delta.y) == [0.0, 0.0, 0.0, 0.0] and delta.name.endswith("(seed 0)")
+
+
+def test_rules_with_too_few_shapes_draw_no_empty_effect_figure_and_no_fitted_line(tmp_path):
+    """On a study of three shapes no rule has a number: the effect figure was a pair of empty axes, and the partial
+    residuals drew a 'fitted effect' that was an exact line through the points."""
+    from nas.study.storage import load_existing_study
+    from reports.rules import rules_section
+
+    storage = f"sqlite:///{tmp_path / 'three.db'}"
+    synthetic_study(SyntheticSpec(space="prism", preset="tiny", trials=6), storage=storage, name="three")
+    section = rules_section(read_study(load_existing_study(storage, "three")))
+    assert "too few shapes to say" in section.html
+    titles = [figure.layout.title.text for figure in section.figures]
+    assert not any(title.startswith("Design rules: effect") for title in titles), titles
+    (residuals,) = [f for f in section.figures if f.layout.title.text.startswith("Partial residuals")]
+    assert residuals.data and all(trace.mode == "markers" for trace in residuals.data)
