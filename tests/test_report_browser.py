@@ -55,6 +55,8 @@ def open_in_chromium(path: Path, shots: Path | None) -> dict:
                                             "[d.dataset.figure, d.querySelectorAll('.main-svg').length, "
                                             "d.querySelectorAll('g.trace').length])")
             seen["sections"] = page.evaluate("Array.from(document.querySelectorAll('section')).map(s => s.id)")
+            # the page itself never scrolls sideways: a wide board scrolls inside its column
+            seen["page_width"] = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
             if shots is not None:
                 page.add_style_tag(content="nav { position: static }")
                 for section in page.query_selector_all("section"):
@@ -82,6 +84,7 @@ def test_the_report_renders_every_figure_offline_with_no_console_error(tmp_path,
     assert [r for r in seen["requests"] if not r.startswith("file:")] == []  # no request of any kind
     assert seen["figures"] and all(svgs >= 1 and traces >= 1 for _, svgs, traces in seen["figures"]), seen["figures"]
     assert seen["sections"][:3] == ["summary", "leaderboard", "rules"] and len(seen["sections"]) == 9
+    assert seen["page_width"][0] <= seen["page_width"][1], seen["page_width"]  # the rules' board ran off the window
 
 
 def test_a_study_named_like_a_script_shows_as_text_and_runs_nothing(tmp_path):
