@@ -444,6 +444,10 @@ def test_a_study_resumed_with_other_settings_names_the_setting_and_its_stored_va
     assert CliRunner().invoke(app, tiny_search(tmp_path)).exit_code == 0
     line = refused(tmp_path, tiny_search(tmp_path, "--tokens", "8k"))
     assert "train.tokens is 4096 there, 8000 here" in line, line
+    # the data is compared by fingerprint (two hashes said nothing): the line names the data the study was made on
+    (tmp_path / "corpus.txt").write_text("a corpus of my own\n" * 2000)
+    line = refused(tmp_path, tiny_search(tmp_path, "--data", str(tmp_path / "corpus.txt")))
+    assert "data is " in line and "(the study was made on --data 'builtin';" in line, line
 
 
 def test_a_study_keeps_its_replicates_policy_when_resumed_with_another(tmp_path):

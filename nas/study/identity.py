@@ -107,5 +107,8 @@ def check_identity(study: optuna.Study, ident: dict[str, Any], config: SearchCon
         found = differences(stored, ident)
         shown = "; ".join(f"{path} is {_short(old)} there, {_short(new)} here" for path, old, new in found[:3])
         more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
+        made_on = study.user_attrs.get("nas:data")  # the data is compared by its fingerprint: name what it was
+        if isinstance(made_on, str) and any(path.split(".")[0] == "data" for path, _, _ in found):
+            more += f" (the study was made on --data {made_on!r}; a file that changed since has another fingerprint)"
         raise UsageError(f"study {config.study_name!r} in {display_url(config.storage)} was created with other "
                          f"settings: {shown}{more}; re-run with those or choose a new --study-name")
