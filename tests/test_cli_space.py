@@ -141,11 +141,10 @@ def test_space_options_from_cli_parses_sizes_lists_and_fractions():
         build_space(SpaceOptions(space="hourglass", min_plateau=3))
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["kill -INT", "SIGTERM"])
-def test_a_long_listing_in_the_background_stops_on_kill_int_and_sigterm(tmp_path, sig):
+def test_a_long_listing_in_the_background_stops_on_kill_int(tmp_path):
     """`nas space list ... > big.json &` starts with SIGINT ignored (Python keeps it so): `kill -INT` did nothing to a
-    listing of billions of members (9.7 GB written in 11 minutes); every command now stops on it, and on SIGTERM, with
-    exit 130 and no traceback."""
+    listing of billions of members (9.7 GB written in 11 minutes); every command now stops on it with exit 130 and no
+    traceback."""
     with open(tmp_path / "big.json", "w") as out:
         proc = subprocess.Popen([*NAS, "space", "list", "--space", "prism", "--layers", "96", "--d-model", "12288",
                                  "--heads", "96", "--format", "json"], stdout=out, stderr=subprocess.PIPE, text=True,
@@ -153,7 +152,7 @@ def test_a_long_listing_in_the_background_stops_on_kill_int_and_sigterm(tmp_path
         deadline = time.monotonic() + 60
         while (tmp_path / "big.json").stat().st_size < 10_000 and time.monotonic() < deadline:  # it is listing
             time.sleep(0.02)
-        proc.send_signal(sig)
+        proc.send_signal(signal.SIGINT)
         try:
             code = proc.wait(timeout=30)
         except subprocess.TimeoutExpired:

@@ -17,12 +17,14 @@ app.add_typer(space.space_app, name="space")
 
 def main() -> None:
     """The ``nas`` console script."""
-    from nas.study.signals import interruptible
+    import signal
 
     guard_standard_streams()
-    # every command stops on Ctrl-C, `kill -INT` (a background job starts with SIGINT ignored, which Python keeps)
-    # and SIGTERM as on Ctrl-C: exit 130; the long ones (search, train, rerun) also say what they kept
-    interruptible()
+    # `kill -INT` stops every command as Ctrl-C does (exit 130), also one a shell started in the background with SIGINT
+    # ignored, which Python keeps; SIGTERM keeps its default (the process ends) except where a long command handles
+    # it (search, train, rerun: nas.study.signals.interruptible), since a handler's exception can be swallowed
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     app()
 
 

@@ -139,7 +139,7 @@ def train_runs(batch: RerunBatch) -> None:
 
     from nas.rerun.launch import launch, read_result
     from nas.rerun.record import record, recorded
-    from nas.study.signals import interruptible
+    from nas.study.signals import interruptible, raise_if_stopped
     from nas.units import format_duration
 
     interruptible()  # `kill -INT` stops a background job too (its SIGINT is ignored until now), and SIGTERM as Ctrl-C
@@ -148,6 +148,7 @@ def train_runs(batch: RerunBatch) -> None:
     left = sum((run.shape.proxy_key, run.seed) not in done for run in batch.planned)
     try:
         for i, run in enumerate(batch.planned, start=1):
+            raise_if_stopped()  # a stop whose exception a finalizer swallowed (nas.study.signals) still stops here
             what = (f"[{i}/{len(batch.planned)}] {run.shape.role} (proxy rank {run.shape.proxy_rank}) "
                     f"{run.target.label()} seed {run.seed}")
             if (run.shape.proxy_key, run.seed) in done:
