@@ -242,16 +242,36 @@ SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite dat
 SQLITE_COMPANIONS = ("-wal", "-shm", "-journal", "-searches")  # SQLite's log, index and journal; the search lock
 
 
-def is_sqlite_database(path: Path) -> bool:
-    """Whether ``path`` is a regular file that starts as an SQLite database does (False when it cannot be read)."""
+def open_regular(path: Path) -> int | None:
+    """A read-only, close-on-exec descriptor of ``path`` when it is a regular file; None otherwise (missing, a folder,
+    a FIFO, a device, unreadable). Its kind is looked at before the open (opening a FIFO to read waits for a writer,
+    a device's open may act on it) and again after (a swap meanwhile; the open does not block)."""
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the open, a device may act on it
-            return False
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # ...and so on a swap meanwhile
-        with os.fdopen(fd, "rb") as file:
-            return stat.S_ISREG(os.fstat(file.fileno()).st_mode) and file.read(len(SQLITE_HEADER)) == SQLITE_HEADER
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except (OSError, ValueError):
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return fd
+
+
+def is_sqlite_database(path: Path) -> bool:
+    """Whether ``path`` is a regular file that starts as an SQLite database does (False when it cannot be read).
+
+    It opens the file itself, so call it before this process opens the database through SQLite: closing any other
+    descriptor of a database file releases the locks SQLite holds on it (``nas.study.sqlite_file``). The commands
+    check their outputs before they read the study."""
+    fd = open_regular(path)
+    if fd is None:
         return False
+    with os.fdopen(fd, "rb") as file:
+        try:
+            return file.read(len(SQLITE_HEADER)) == SQLITE_HEADER
+        except OSError:
+            return False
 
 
 def refuse_sqlite_file(path: Path, what: str) -> None:
@@ -261,12 +281,10 @@ def refuse_sqlite_file(path: Path, what: str) -> None:
     if is_sqlite_database(path):
         raise UsageError(f"{what} is an SQLite database (a study's storage?): writing over it would lose what it "
                          "holds; choose another name")
-    for suffix in SQLITE_COMPANIONS:
-        database = path.with_name(path.name[:-len(suffix)]) if path.name.endswith(suffix) and path.name != suffix \
-            else None
-        if database is not None and is_sqlite_database(database):
-            raise UsageError(f"{what} is the {suffix} file of the SQLite database {show(database)}: writing over "
-                             "it could lose what the database holds; choose another name")
+    suffix = next((s for s in SQLITE_COMPANIONS if path.name.endswith(s) and path.name != s), None)
+    if suffix is not None and is_sqlite_database(database := path.with_name(path.name.removesuffix(suffix))):
+        raise UsageError(f"{what} is the {suffix} file of the SQLite database {show(database)}: writing over it "
+                         "could lose what the database holds; choose another name")
 
 
 def _umask() -> int:

@@ -96,7 +96,8 @@ def dashboard(
     host: Annotated[str, typer.Option("--host", help="Interface to listen on (127.0.0.1: this machine only).")]
     = "127.0.0.1",
 ) -> None:
-    """Serve optuna-dashboard for the storage (live view of running studies)."""
+    """Serve optuna-dashboard for the storage (live view of running studies); the storage must be one a search has
+    made (a missing or empty file is refused, as by `nas best`)."""
     from optuna_dashboard import run_server
 
     from nas.study.storage import make_storage

@@ -19,11 +19,11 @@ study without a lease would look dead to a starting search.
 from __future__ import annotations
 
 import os
-import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from nas.files import open_regular
 from nas.study.storage import storage_file
 
 try:
@@ -63,14 +63,7 @@ def _open(path: Path | None) -> int | None:
     if created is not None:
         os.fchmod(created, 0o644)  # whatever the umask (the owner may always)
         return created
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO there would block a plain open
-    except OSError:
-        return None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):  # a folder, a FIFO, a device: not ours to lock
-        os.close(fd)
-        return None
-    return fd
+    return open_regular(path)  # a folder, a FIFO, a device there: not ours to lock
 
 
 class Lease:
