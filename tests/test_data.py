@@ -124,6 +124,18 @@ def test_shard_directory_without_a_split_is_an_error_naming_the_path(shard_dir, 
         shard.unlink()
     message = raises_one_line(rf"has no \*_{missing}_\*.bin shard", load_data, str(d), cache_dir=cache)
     assert str(d) in message
+    assert "not read" not in message  # a folder of shards only has nothing else to name
+
+
+def test_text_folder_with_a_stray_bin_says_its_text_was_not_read(tmp_path, cache):
+    """A folder holding any .bin is read as llm.c shards; when that fails, the line says the text was ignored."""
+    (tmp_path / "notes.txt").write_text("Attention is all you need. " * 200)
+    (tmp_path / "more.md").write_text("Hourglass FFN. " * 200)
+    (tmp_path / "model.bin").write_bytes(b"\0" * 64)
+    message = raises_one_line(r"has no \*_train_\*.bin shard \(read as llm.c shards because it holds .bin files; "
+                              r"its 2 other files, e.g. 'more.md', not read\)",
+                              load_data, str(tmp_path), cache_dir=cache)
+    assert str(tmp_path) in message
 
 
 # --------------------------------------------------------------------------- text

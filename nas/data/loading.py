@@ -122,7 +122,7 @@ def _load_many(files: list[FileEntry], base: Path, name: str, cache: Path) -> tu
     """A directory's or a glob's files: ``.bin`` shards if there are any, else text."""
     shards = [Path(path) for rel, path, _ in files if rel.endswith(".bin")]
     if shards:
-        return load_shards(shards, name, cache)
+        return load_shards(shards, name, cache, not_read=[rel for rel, _, _ in files if not rel.endswith(".bin")])
     if any(rel.endswith(".npy") for rel, _, _ in files):
         raise UsageError(f"data {show(name)} holds .npy files: pass one .npy token array, not a directory or glob")
     docs = text_documents(files, skip_binary=True)

@@ -22,6 +22,7 @@ import os
 import shutil
 import sys
 import sysconfig
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -334,17 +335,23 @@ def open_shard(path: Path) -> np.ndarray:
     return np.memmap(path, dtype="<u2", mode="r", offset=SHARD_HEADER_INTS * 4, shape=(n_tokens,))
 
 
-def load_shards(files: list[Path], where: str, cache: Path) -> Loaded:
+def load_shards(files: list[Path], where: str, cache: Path, not_read: Sequence[str] = ()) -> Loaded:
     """``*_train_*`` shards form the training split and ``*_val_*`` shards the validation split,
     each in name order; every shard's header is checked. Vocab is 50304 (GPT-2's 50257 padded
-    to a multiple of 64, as in modded-nanogpt) unless the largest token needs more."""
+    to a multiple of 64, as in modded-nanogpt) unless the largest token needs more.
+
+    ``not_read``: the other files of the folder or glob (a folder holding any ``.bin`` is read as shards),
+    named when a split is missing so that a text folder with one stray ``.bin`` says why its text was ignored."""
     train_files = [p for p in files if "_train_" in p.name]
     val_files = [p for p in files if "_val_" in p.name]
     train_parts = [open_shard(p) for p in train_files]
     val_parts = [open_shard(p) for p in val_files]
     for split, parts in (("train", train_parts), ("val", val_parts)):
         if not parts:
-            raise UsageError(f"data {show(where)} has no *_{split}_*.bin shard; "
+            plural = "s" if len(not_read) > 1 else ""
+            ignored = (f" (read as llm.c shards because it holds .bin files; its {len(not_read)} other "
+                       f"file{plural}, e.g. {show(not_read[0])}, not read)") if not_read else ""
+            raise UsageError(f"data {show(where)} has no *_{split}_*.bin shard{ignored}; "
                              f"llm.c shards are named like fineweb_{split}_000001.bin")
     train = train_parts[0] if len(train_parts) == 1 else ConcatTokens(train_parts)
     val = val_parts[0] if len(val_parts) == 1 else ConcatTokens(val_parts)
