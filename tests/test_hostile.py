@@ -453,12 +453,32 @@ def test_a_study_resumed_with_other_settings_names_the_setting_and_its_stored_va
 def test_a_study_keeps_its_replicates_policy_when_resumed_with_another(tmp_path):
     first = CliRunner().invoke(app, tiny_search(tmp_path, "--replicates", "race"))
     assert first.exit_code == 0, first.output
-    again = CliRunner().invoke(app, [*tiny_search(tmp_path, "--replicates", "fixed")[:4], "2",
-                                     *tiny_search(tmp_path, "--replicates", "fixed")[5:]])
+    again = CliRunner().invoke(app, with_trials(tiny_search(tmp_path, "--replicates", "fixed"), 2))
     assert again.exit_code == 0, again.output
     assert "was begun with --replicates race; it continues with it, not fixed" in again.stderr, again.stderr
     study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 'nas.db'}")
     assert study.user_attrs["nas:replicates"] == "race"
+
+
+def with_trials(args: list[str], trials: int) -> list[str]:
+    return [*args[:4], str(trials), *args[5:]]
+
+
+def test_a_resumed_study_keeps_its_sampler_unless_another_is_named_and_says_so(tmp_path):
+    """Optuna stores no sampler: a study begun with --sampler random went on with TPE when resumed without it."""
+    storage = f"sqlite:///{tmp_path / 'nas.db'}"
+    first = CliRunner().invoke(app, tiny_search(tmp_path, "--sampler", "random"))
+    assert first.exit_code == 0 and "--sampler" not in first.stderr, first.output
+    resumed = CliRunner().invoke(app, with_trials(tiny_search(tmp_path), 2))
+    assert resumed.exit_code == 0, resumed.output
+    assert "was searched with --sampler random; it continues with it (--sampler tpe switches)" in resumed.stderr
+    assert optuna.load_study(study_name="s", storage=storage).user_attrs["nas:sampler"] == "random"
+    switched = CliRunner().invoke(app, with_trials(tiny_search(tmp_path, "--sampler", "tpe"), 3))
+    assert switched.exit_code == 0, switched.output
+    assert "was searched with --sampler random so far; tpe proposes its trials from here on" in switched.stderr
+    assert optuna.load_study(study_name="s", storage=storage).user_attrs["nas:sampler"] == "tpe"
+    same = CliRunner().invoke(app, with_trials(tiny_search(tmp_path, "--sampler", "tpe"), 3))
+    assert same.exit_code == 0 and "--sampler" not in same.stderr, same.output
 
 
 def test_inspecting_a_storage_never_releases_the_locks_this_process_holds_on_it(tmp_path):

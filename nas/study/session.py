@@ -60,8 +60,13 @@ class Search:
         return len(self.config.objectives) > 1
 
 
+def sampler_name(config: SearchConfig) -> str:
+    """``--sampler``, or its default: TPE for one objective, NSGA-II for several."""
+    return config.sampler or ("tpe" if len(config.objectives) == 1 else "nsga2")
+
+
 def make_sampler(config: SearchConfig, seed: int | None) -> optuna.samplers.BaseSampler:
-    name = config.sampler or ("tpe" if len(config.objectives) == 1 else "nsga2")
+    name = sampler_name(config)
     if name == "tpe":
         return optuna.samplers.TPESampler(multivariate=True, group=True, constant_liar=True, seed=seed,
                                           n_startup_trials=10)
@@ -161,6 +166,7 @@ def open_search(config: SearchConfig, worker: int = 0, create: bool = True) -> S
         complete_study(search, ident)
     check_identity(study, ident, config)
     keep_replicates_policy(search)
+    keep_sampler(search)
     return search
 
 
@@ -203,6 +209,26 @@ def stored_replicates(study: optuna.Study) -> str | None:
     roles = {t.user_attrs.get("role") for t in study.get_trials(deepcopy=False)}
     found = {REPLICATES_ROLES[r] for r in roles if r in REPLICATES_ROLES}
     return found.pop() if len(found) == 1 else None
+
+
+def keep_sampler(search: Search) -> None:
+    """A resumed study keeps the sampler it was searched with unless ``--sampler`` names another; either way a change
+    is said. Optuna stores no sampler with a study, so ``nas:sampler`` records the one in use. Switching is legitimate
+    (each proposal reads the whole study), but without a note a user who resumed with other options would not know
+    which sampler proposed the trials."""
+    stored = search.study.user_attrs.get("nas:sampler")
+    chosen = sampler_name(search.config)
+    name = search.config.study_name
+    if isinstance(stored, str) and stored != chosen:
+        if search.config.sampler is None:  # not asked for: the study goes on as it was begun
+            search.notes.append(f"study {name!r} was searched with --sampler {stored}; it continues with it "
+                                f"(--sampler {chosen} switches)")
+            search.config = replace(search.config, sampler=stored)
+            return
+        search.notes.append(f"study {name!r} was searched with --sampler {stored} so far; {chosen} proposes "
+                            "its trials from here on")
+    if stored != chosen:
+        search.study.set_user_attr("nas:sampler", chosen)
 
 
 def keep_replicates_policy(search: Search) -> None:
