@@ -113,10 +113,16 @@ def edf_figure(fit: RuleFit, rules: tuple[Rule, ...]) -> go.Figure | None:
         values = np.array([fit.covariates[k][fit.names.index(rule.name)] for k in keys])
         for i, (label, members) in enumerate(groups_of(values)):
             errors = np.sort(losses[members])
-            fig.add_trace(go.Scatter(x=errors, y=np.arange(1, len(errors) + 1) / len(errors), mode="lines",
+            # the step starts from 0 at the lowest loss: a group of one shape is a rise at its loss, not one point
+            # that a line cannot draw
+            fig.add_trace(go.Scatter(x=np.r_[errors[0], errors],
+                                     y=np.r_[0.0, np.arange(1, len(errors) + 1) / len(errors)], mode="lines",
                                      line_shape="hv", name=plot_text(f"{rule.name} {label} ({len(errors)})"),
                                      line={"color": BUDGET_COLOURS[i % len(BUDGET_COLOURS)]}), row=1, col=col)
-        fig.update_xaxes(title_text="loss less its seeds' effects", row=1, col=col)
+        # a step at the lowest or highest loss would sit on the axis' edge, where it cannot be seen
+        pad = 0.05 * (float(np.ptp(losses)) or 1e-3)
+        fig.update_xaxes(title_text="loss less its seeds' effects", row=1, col=col,
+                         range=[float(losses.min()) - pad, float(losses.max()) + pad])
     fig.update_yaxes(title_text="share of shapes at or below", row=1, col=1, range=[0, 1.02])
     fig.update_layout(height=380, title="Error distribution functions of the shapes, split by each rule",
                       margin={"t": 70, "l": 60, "r": 20, "b": 50})

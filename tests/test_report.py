@@ -298,3 +298,6 @@ def test_rules_with_too_few_shapes_draw_no_empty_effect_figure_and_no_fitted_lin
     assert not any(title.startswith("Design rules: effect") for title in titles), titles
     (residuals,) = [f for f in section.figures if f.layout.title.text.startswith("Partial residuals")]
     assert residuals.data and all(trace.mode == "markers" for trace in residuals.data)
+    # each group's distribution rises from 0 at its lowest loss to 1: a one-shape group was a lone point, not drawn
+    (edf,) = [f for f in section.figures if f.layout.title.text.startswith("Error distribution")]
+    assert edf.data and all(len(t.x) >= 2 and t.y[0] == 0 and t.y[-1] == 1 and t.x[0] == t.x[1] for t in edf.data)
