@@ -255,6 +255,22 @@ def test_falls_back_with_a_warning_when_the_build_fails(tmp_path) -> None:
     assert [p.name for p in (tmp_path / "kernels").iterdir() if p.suffix != ".lock"] == []
 
 
+def test_the_command_line_says_the_fallback_in_one_warning_line(tmp_path) -> None:
+    """Python's own format printed the file, line and source line of the warning call."""
+    from nas.arch import uniform
+
+    (tmp_path / "arch.json").write_text(uniform(2, 16, 4, 256).to_json())
+    (tmp_path / "corpus.txt").write_text("Attention heads grow with depth. " * 400)  # no build of the builtin data
+    command = [sys.executable, "-m", "nas.cli", "train", "--config", str(tmp_path / "arch.json"), "--preset", "tiny",
+               "--tokens", "128", "--data", str(tmp_path / "corpus.txt")]
+    env = {**os.environ, "CC": str(tmp_path / "no-such-cc"), "NAS_CACHE": str(tmp_path / "cache")}
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if "fused CPU kernels" in line]
+    assert line.startswith("warning: fused CPU kernels unavailable, using the slower PyTorch ops (no C compiler"), line
+    assert "fused_cpu.py" not in result.stderr and "library()" not in result.stderr, result.stderr
+
+
 @pytest.mark.slow
 def test_concurrent_first_uses_build_the_library_once_and_share_it(tmp_path) -> None:
     """Three processes start on an empty cache at once (a fresh search's workers): one compiles, the others wait on
@@ -263,7 +279,10 @@ def test_concurrent_first_uses_build_the_library_once_and_share_it(tmp_path) -> 
         pytest.skip("no C compiler: the kernels are not built here")
     calls = tmp_path / "compiler-calls"
     compiler = tmp_path / "logging-cc"
-    compiler.write_text(f'#!/bin/sh\necho "$$" >> {calls}\nexec {shutil.which("cc")} "$@"\n')
+    # with PREBUILT set it copies that file to its -o target instead of compiling (a rebuild without its CPU cost)
+    compiler.write_text(f'#!/bin/sh\necho "$$" >> {calls}\nif [ -n "$PREBUILT" ]; then\n'
+                        '  while [ $# -gt 0 ]; do [ "$1" = -o ] && exec cp "$PREBUILT" "$2"; shift; done\nfi\n'
+                        f'exec {shutil.which("cc")} "$@"\n')
     compiler.chmod(0o755)
     env = {**os.environ, "NAS_CACHE": str(tmp_path / "cache"), "CC": str(compiler)}
     code = "from nas.model import fused_cpu; print(fused_cpu.status())"
@@ -280,3 +299,11 @@ def test_concurrent_first_uses_build_the_library_once_and_share_it(tmp_path) -> 
     assert _status_in_subprocess({"NAS_CACHE": str(tmp_path / "cache"), "CC": str(compiler)})["status"].startswith(
         "on (")
     assert built[0].stat().st_mtime_ns == mtime and len(calls.read_text().splitlines()) == 1  # loaded, not rebuilt
+    # a library cut short (a full disk, a copy interrupted) ended every later process with SIGBUS: it is built again
+    whole = tmp_path / "whole.so"
+    shutil.copy(built[0], whole)
+    with open(built[0], "r+b") as f:
+        f.truncate(1000)
+    again = _status_in_subprocess({"NAS_CACHE": str(tmp_path / "cache"), "CC": str(compiler), "PREBUILT": str(whole)})
+    assert again["status"].startswith("on ("), again
+    assert len(calls.read_text().splitlines()) == 2 and built[0].read_bytes() == whole.read_bytes()

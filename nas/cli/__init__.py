@@ -18,8 +18,12 @@ app.add_typer(space.space_app, name="space")
 def main() -> None:
     """The ``nas`` console script."""
     import signal
+    import warnings
+
+    from nas.cli.errors import one_line_warning
 
     guard_standard_streams()
+    warnings.formatwarning = one_line_warning  # forked workers inherit it
     # `kill -INT` stops every command as Ctrl-C does (exit 130), also one a shell started in the background with SIGINT
     # ignored, which Python keeps; SIGTERM keeps its default (the process ends) except where a long command handles
     # it (search, train, rerun: nas.study.signals.interruptible), since a handler's exception can be swallowed

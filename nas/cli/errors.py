@@ -60,6 +60,13 @@ class OneLineErrors(TyperGroup):
         sys.exit(code if isinstance(code, int) else 0)
 
 
+def one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                     line: str | None = None) -> str:
+    """``warning: <message>``, the command line's own form (``warnings.formatwarning``): Python's adds the file, the
+    line number and the source line of whatever warned, which a user cannot act on."""
+    return "warning: " + " ".join(str(message).split()) + "\n"
+
+
 def _with_given_value(message: str, error: Exception, args: Sequence[str] | None) -> str:
     """Name the value the user typed when the framework's message does not (``'many' is not a valid integer``)."""
     opts = getattr(getattr(error, "param", None), "opts", None) or []

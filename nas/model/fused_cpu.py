@@ -12,8 +12,10 @@ have an inner dimension of 8-32, which a GEMM library runs far below its peak.
 How: ``cc -O3 -march=native -fopenmp -fno-math-errno -fno-trapping-math -shared`` builds
 ``fused_cpu.c`` (plain C99, no PyTorch headers; 5-11 CPU-seconds: the attention kernels are unrolled per head
 dim) into ``$NAS_CACHE/kernels/fused_cpu-<key>.so``, keyed by the source, the flags, the compiler and
-the CPU's feature flags, written atomically. Concurrent first uses (a fresh search's workers) build it once: the
-first takes a lock file beside it, the others wait on it and load what it built.
+the CPU's feature flags, written atomically with its SHA-256 beside it (a library that no longer matches it, cut
+short or overwritten, is built again: loading a truncated one ends the process with SIGBUS). Concurrent first uses
+(a fresh search's workers) build it once: the first takes a lock file beside it, the others wait on it and load
+what it built.
 OpenMP resolves to the ``libgomp.so.1`` torch already loaded, so both share one thread pool;
 each call passes ``torch.get_num_threads()``.
 
@@ -97,9 +99,27 @@ def library_path(compiler: str) -> Path:
     return cache_root() / "kernels" / f"fused_cpu-{key}.so"
 
 
+def _digest_path(library: Path) -> Path:
+    return library.with_suffix(".sha256")
+
+
+def _digest(path: Path | str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _intact(library: Path) -> bool:
+    """The library is the file its build wrote: its SHA-256 matches the one written beside it at the build. Loading a
+    truncated library (a full disk, a copy cut short) ends the process with SIGBUS, which no ``except`` can catch."""
+    try:
+        return _digest_path(library).read_text().strip() == _digest(library)
+    except OSError:  # either file missing or unreadable: build it again
+        return False
+
+
 def _build(compiler: str, target: Path) -> None:
-    """Compile into a private temporary file, then rename: concurrent builders never see a partial file (the folder
-    exists: ``_build_lock`` made it)."""
+    """Compile into a private temporary file, write its digest beside the target, then rename: concurrent builders
+    never see a partial file, and a reader that sees the new digest before the new file waits on the build lock (the
+    folder exists: ``_build_lock`` made it)."""
     fd, tmp = tempfile.mkstemp(prefix=target.stem + ".", suffix=".so.tmp", dir=target.parent)
     os.close(fd)
     try:
@@ -109,10 +129,15 @@ def _build(compiler: str, target: Path) -> None:
             last = (result.stderr.strip().splitlines() or [f"exit code {result.returncode}"])[-1]
             raise RuntimeError(f"{compiler} failed: {last}")
         os.chmod(tmp, 0o755)
+        digest = _digest_path(target)
+        with open(f"{tmp}.sha256", "w") as f:
+            f.write(_digest(tmp) + "\n")
+        os.replace(f"{tmp}.sha256", digest)
         os.replace(tmp, target)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        for leftover in (tmp, f"{tmp}.sha256"):
+            if os.path.exists(leftover):
+                os.unlink(leftover)
 
 
 @contextlib.contextmanager
@@ -139,9 +164,9 @@ def _load() -> None:
         return
     try:
         path = library_path(compiler)
-        if not path.exists():
+        if not _intact(path):  # not built yet, or damaged since (it is built again)
             with _build_lock(path):
-                if not path.exists():  # another process may have built it while this one waited
+                if not _intact(path):  # another process may have built it while this one waited
                     _build(compiler, path)
         lib = ctypes.CDLL(str(path))
         for name, argtypes in _SIGNATURES.items():
