@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -252,6 +253,49 @@ def test_npy_vocab_is_max_token_plus_one_rounded_up_to_64(tmp_path, cache):
 def test_bad_npy_arrays_are_one_line(tmp_path, cache, array, match):
     np.save(tmp_path / "bad.npy", array)
     raises_one_line(match, load_data, str(tmp_path / "bad.npy"), cache_dir=cache)
+
+
+def test_npy_inputs_that_are_not_npy_files_say_what_they_are(tmp_path, cache):
+    """A raw token dump (tofile) was called 'a pickled object array'; a .npz and an upper-case .NPY were read as
+    byte text and trained on."""
+    np.arange(2000, dtype=np.uint16).tofile(tmp_path / "raw.npy")
+    raises_one_line(r"'.*raw.npy' is not a .npy file \(it does not start with numpy's header\): save token ids "
+                    r"with np.save", load_data, str(tmp_path / "raw.npy"), cache_dir=cache)
+    np.savez(tmp_path / "z.npz", a=np.arange(2000) % 256)
+    raises_one_line(r"'.*z.npz' is a .npz archive \(np.savez\): pass its token array as one .npy file",
+                    load_data, str(tmp_path / "z.npz"), cache_dir=cache)
+    np.save(tmp_path / "upper.npy", np.arange(2000) % 300)
+    (tmp_path / "upper.npy").rename(tmp_path / "UPPER.NPY")
+    assert load_data(str(tmp_path / "UPPER.NPY"), cache_dir=cache).vocab_size == 320  # its tokens, not its bytes
+
+
+def test_a_shard_named_for_both_splits_is_refused(tmp_path, cache):
+    """It was read into both, so the run validated on its training tokens."""
+    write_shard(tmp_path / "x_train_val_1.bin", list(range(3000)))
+    raises_one_line(r"shard '.*x_train_val_1.bin' is named both \*_train_\* and \*_val_\*", load_data,
+                    str(tmp_path), cache_dir=cache)
+
+
+def test_a_data_file_rewritten_with_its_size_and_time_kept_is_read_again(tmp_path, cache):
+    """cp -p, rsync -t or tar keep a file's size and modification time: the cache keyed on those alone served the
+    old file's tokens under the old fingerprint."""
+    path = tmp_path / "corpus.txt"
+    path.write_text("abcdefgh" * 3000)
+    os.utime(path, ns=(10**18, 10**18))
+    first = load_data(str(path), cache_dir=cache)
+    path.write_text("zyxwvuts" * 3000)
+    os.utime(path, ns=(10**18, 10**18))
+    second = load_data(str(path), cache_dir=cache)
+    assert second.fingerprint != first.fingerprint and bytes(second.train[:8]) == b"zyxwvuts"
+
+
+def test_a_damaged_token_statistics_entry_is_computed_again(tmp_path, cache):
+    np.save(tmp_path / "tokens.npy", np.arange(2000) % 300)
+    first = load_data(str(tmp_path / "tokens.npy"), cache_dir=cache)
+    (entry,) = Path(cache).glob("npy-*.json")
+    entry.write_text(json.dumps({"format": json.loads(entry.read_text())["format"]}))  # a KeyError traceback before
+    again = load_data(str(tmp_path / "tokens.npy"), cache_dir=cache)
+    assert again.fingerprint == first.fingerprint and again.vocab_size == 320
 
 
 # --------------------------------------------------------------------------- bad inputs

@@ -9,7 +9,7 @@ Layout of ``$NAS_CACHE`` (default ``$XDG_CACHE_HOME/prism-nas``, else ``~/.cache
     npy-<key>.json       the same for a .npy token array
 
 ``<key>`` hashes everything the tokens are made from (format version, Python version, every
-source file's name, size and mtime), so a changed input gets a new entry and an entry is never
+source file's name, size, modification and change time), so a changed input gets a new entry and an entry is never
 silently stale. Writers go through a temporary file and ``os.replace``: several workers may
 build the same entry at once, each rename is atomic and they all write the same bytes.
 """
@@ -56,10 +56,18 @@ def cache_key(*parts: Any) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
-def file_stamp(path: Path) -> tuple[int, int]:
-    """``(size, mtime_ns)``: what a cache key records of a file, cheap enough for every load."""
-    st = path.stat()
-    return st.st_size, st.st_mtime_ns
+Stamp = tuple[int, int, int]  # (size, mtime_ns, ctime_ns)
+
+
+def stamp_of(st: os.stat_result) -> Stamp:
+    """``(size, mtime_ns, ctime_ns)``: what a cache key records of a file, cheap enough for every load. The change
+    time is the kernel's own (no ``touch``, ``cp -p``, ``rsync -t`` or tar sets it): size and modification time
+    alone took another file of the same size with the old time for the cached one, and trained on stale tokens."""
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def file_stamp(path: Path) -> Stamp:
+    return stamp_of(path.stat())
 
 
 def atomic_write(dest: Path, write: Callable[[Any], None], mode: str = "wb") -> None:
@@ -88,10 +96,15 @@ def write_json(path: Path, value: dict[str, Any]) -> None:
     atomic_write(path, lambda f: json.dump(value, f, indent=1, sort_keys=True), mode="w")
 
 
-def cached_json(path: Path, compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """``compute()`` once per cache entry; a read-only cache only costs the recomputation."""
+TOKEN_STATS = {"sha256": str, "min_token": int, "max_token": int}  # what ``scan_tokens`` returns, and its types
+
+
+def cached_json(path: Path, compute: Callable[[], dict[str, Any]], fields: dict[str, type]) -> dict[str, Any]:
+    """``compute()`` once per cache entry; a read-only cache only costs the recomputation. An entry that lacks one of
+    ``fields`` (name: type) is computed again: a damaged file in the cache is a rebuild, not a ``KeyError``."""
     value = read_json(path)
-    if value is not None and value.get("format") == FORMAT_VERSION:
+    if value is not None and value.get("format") == FORMAT_VERSION and all(
+            type(value.get(name)) is kind for name, kind in fields.items()):  # `is`: a bool is no int here
         return value
     value = {"format": FORMAT_VERSION, **compute()}
     try:

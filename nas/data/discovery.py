@@ -14,11 +14,11 @@ import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from nas.data.cache import file_stamp
+from nas.data.cache import Stamp, file_stamp, stamp_of
 from nas.errors import UsageError
 from nas.files import reason, show
 
-FileEntry = tuple[str, str, tuple[int, int]]  # relative posix path, path to open, (size, mtime_ns)
+FileEntry = tuple[str, str, Stamp]  # relative posix path, path to open, (size, mtime_ns, ctime_ns)
 
 
 def walk_files(root: str, skip_dir: Callable[[str], bool], keep_file: Callable[[str], bool]) -> list[FileEntry]:
@@ -43,13 +43,13 @@ def walk_files(root: str, skip_dir: Callable[[str], bool], keep_file: Callable[[
                         stack.append((rel + "/", entry.path))
                 elif keep_file(entry.name) and entry.is_file():
                     st = entry.stat()
-                    found.append((rel, entry.path, (st.st_size, st.st_mtime_ns), (st.st_dev, st.st_ino)))
+                    found.append((rel, entry.path, stamp_of(st), (st.st_dev, st.st_ino)))
             except OSError:  # a link to nowhere, a loop of links: no file to read
                 continue
     return once_each(found)
 
 
-def once_each(found: list[tuple[str, str, tuple[int, int], tuple[int, int]]]) -> list[FileEntry]:
+def once_each(found: list[tuple[str, str, Stamp, tuple[int, int]]]) -> list[FileEntry]:
     """Sorted by relative path, each real file once (a link to a file already listed is dropped, so a file is never
     read twice nor lands in both splits)."""
     seen: set[tuple[int, int]] = set()
@@ -82,14 +82,14 @@ def expand_glob(pattern: str) -> list[Path]:
         start, parts = os.sep, parts[1:]
     else:
         start = os.curdir
-    found: list[tuple[str, str, tuple[int, int], tuple[int, int]]] = []
+    found: list[tuple[str, str, Stamp, tuple[int, int]]] = []
     for path in _glob_in(start, [p for p in parts if p not in ("", os.curdir)], top=start == os.curdir):
         try:
             st = os.stat(path)
         except OSError:
             continue
         if stat.S_ISREG(st.st_mode):
-            found.append((path, path, (st.st_size, st.st_mtime_ns), (st.st_dev, st.st_ino)))
+            found.append((path, path, stamp_of(st), (st.st_dev, st.st_ino)))
     return [Path(path) for _, path, _ in once_each(found)]
 
 

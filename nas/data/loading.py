@@ -7,10 +7,10 @@
   (uint8, vocab 256). Files go to validation by a fixed hash of their path (~5%); the
   topics go to training. Built once into ``$NAS_CACHE`` (see ``nas.data.cache``) and
   memory-mapped from then on; the entry is keyed by the Python version and every file's
-  name, size and mtime, so it is rebuilt whenever they change.
+  name, size, modification and change time, so it is rebuilt whenever they change.
 - a text file, a directory of text files, or a glob: byte-level, split by file with the
   same rule (the last 5% of the tokens when that rule cannot split them), cached the same way.
-  Files of any extension other than ``.npy`` and ``.bin`` are read as text.
+  Files of any extension other than ``.npy`` and ``.bin`` (in any case) are read as text; a ``.npz`` is refused.
 - a ``.npy`` file: a 1-D integer token array; the last 5% is validation;
   vocab = max token + 1 rounded up to a multiple of 64.
 - a directory or glob of llm.c / modded-nanogpt ``.bin`` shards: 256 int32 header (magic
@@ -85,9 +85,13 @@ def load_data(spec: str | os.PathLike[str] = "builtin", cache_dir: str | os.Path
     path = user_path(name, "--data", stored=True)
     info = stat_path(path, "--data")
     if info is not None and stat.S_ISREG(info.st_mode):
-        if path.suffix == ".npy":
+        suffix = path.suffix.lower()
+        if suffix == ".npz":
+            raise UsageError(f"data file {show(name)} is a .npz archive (np.savez): pass its token array as one .npy "
+                             "file (np.save(path, tokens))")
+        if suffix == ".npy":
             loaded = load_npy(path, cache)
-        elif path.suffix == ".bin":
+        elif suffix == ".bin":
             loaded = load_shards([path], name, cache)
         else:
             docs = text_documents(list_paths([path], path), skip_binary=False)
@@ -120,11 +124,13 @@ def _token_data(loaded: tuple[Any, Any, int, str], name: str) -> TokenData:
 
 def _load_many(files: list[FileEntry], base: Path, name: str, cache: Path) -> tuple[Any, Any, int, str]:
     """A directory's or a glob's files: ``.bin`` shards if there are any, else text."""
-    shards = [Path(path) for rel, path, _ in files if rel.endswith(".bin")]
+    shards = [Path(path) for rel, path, _ in files if rel.lower().endswith(".bin")]
     if shards:
-        return load_shards(shards, name, cache, not_read=[rel for rel, _, _ in files if not rel.endswith(".bin")])
-    if any(rel.endswith(".npy") for rel, _, _ in files):
-        raise UsageError(f"data {show(name)} holds .npy files: pass one .npy token array, not a directory or glob")
+        return load_shards(shards, name, cache,
+                           not_read=[rel for rel, _, _ in files if not rel.lower().endswith(".bin")])
+    if any(rel.lower().endswith((".npy", ".npz")) for rel, _, _ in files):
+        raise UsageError(f"data {show(name)} holds .npy or .npz files: pass one .npy token array, not a directory or "
+                         "glob")
     docs = text_documents(files, skip_binary=True)
     if not docs:
         raise UsageError(f"data {show(name)} holds no non-empty text files or .bin shards")

@@ -29,7 +29,18 @@ from typing import Any
 
 import numpy as np
 
-from nas.data.cache import atomic_write, cache_key, cached_json, file_stamp, open_u8, read_json, scan_tokens, write_json
+from nas.data.cache import (
+    TOKEN_STATS,
+    Stamp,
+    atomic_write,
+    cache_key,
+    cached_json,
+    file_stamp,
+    open_u8,
+    read_json,
+    scan_tokens,
+    write_json,
+)
 from nas.data.discovery import FileEntry, walk_files
 from nas.errors import UsageError
 from nas.files import read_bytes, reason, show
@@ -38,6 +49,7 @@ SEPARATOR = b"\x1c"  # ASCII "file separator" between documents; absent from ord
 VAL_MODULUS = 20  # a file is validation iff sha1(relative path) % 20 == 0: ~5% of the files
 VAL_FRACTION = 0.05  # tail of the tokens used as validation when the by-file rule cannot split
 SHARD_MAGIC = 20240520  # llm.c / modded-nanogpt token shard header
+NPY_MAGIC = b"\x93NUMPY"  # the first bytes of every .npy file (numpy.lib.format)
 SHARD_VERSION = 1
 SHARD_HEADER_INTS = 256  # int32 header: magic, version, token count, then zeros
 GPT2_VOCAB_PADDED = 50304  # 50257 padded up to a multiple of 64 for efficiency (modded-nanogpt)
@@ -85,7 +97,7 @@ class Document:
 
     rel: str
     path: str
-    stamp: tuple[int, int]  # (size, mtime_ns)
+    stamp: Stamp  # (size, mtime_ns, ctime_ns)
     split: str | None = None  # "train" to force a split, None to use the by-file rule
 
     def read(self) -> bytes:
@@ -229,6 +241,9 @@ def text_documents(files: list[FileEntry], skip_binary: bool) -> list[Document]:
 def load_npy(path: Path, cache: Path) -> Loaded:
     """A 1-D integer token array; the last 5% is validation; vocab = max token + 1 rounded up to 64."""
     try:
+        if path.stat().st_size and _read(path, len(NPY_MAGIC)) != NPY_MAGIC:  # np.load would try to unpickle it
+            raise UsageError(f"data file {show(path)} is not a .npy file (it does not start with numpy's header): "
+                             "save token ids with np.save(path, tokens.astype(np.uint16)), not tofile()")
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
         if path.stat().st_size == 0:
@@ -249,7 +264,7 @@ def load_npy(path: Path, cache: Path) -> Loaded:
     n_val = max(1, math.ceil(len(arr) * VAL_FRACTION))
     train, val = arr[: len(arr) - n_val], arr[len(arr) - n_val :]
     stats = cached_json(cache / f"npy-{cache_key('npy', str(path.resolve()), file_stamp(path))}.json",
-                        lambda: scan_tokens(train, val))
+                        lambda: scan_tokens(train, val), TOKEN_STATS)
     if stats["min_token"] < 0:
         raise UsageError(f"data file {show(path)} holds a negative token ({stats['min_token']}); token ids start at 0")
     return train, val, round_up(stats["max_token"] + 1), stats["sha256"][:16]
@@ -342,6 +357,9 @@ def load_shards(files: list[Path], where: str, cache: Path, not_read: Sequence[s
 
     ``not_read``: the other files of the folder or glob (a folder holding any ``.bin`` is read as shards),
     named when a split is missing so that a text folder with one stray ``.bin`` says why its text was ignored."""
+    both = [p for p in files if "_train_" in p.name and "_val_" in p.name]
+    if both:  # it would be read into both splits: validation on training tokens
+        raise UsageError(f"shard {show(str(both[0]))} is named both *_train_* and *_val_*: rename it to one of them")
     train_files = [p for p in files if "_train_" in p.name]
     val_files = [p for p in files if "_val_" in p.name]
     train_parts = [open_shard(p) for p in train_files]
@@ -356,5 +374,6 @@ def load_shards(files: list[Path], where: str, cache: Path, not_read: Sequence[s
     train = train_parts[0] if len(train_parts) == 1 else ConcatTokens(train_parts)
     val = val_parts[0] if len(val_parts) == 1 else ConcatTokens(val_parts)
     stamps = [(str(p.resolve()), file_stamp(p)) for p in train_files + val_files]
-    stats = cached_json(cache / f"shards-{cache_key('shards', stamps)}.json", lambda: scan_tokens(train, val))
+    stats = cached_json(cache / f"shards-{cache_key('shards', stamps)}.json", lambda: scan_tokens(train, val),
+                        TOKEN_STATS)
     return train, val, max(GPT2_VOCAB_PADDED, round_up(stats["max_token"] + 1)), stats["sha256"][:16]
