@@ -26,7 +26,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true", help="a few steps per benchmark: checks the harness, "
                         "measures nothing (< 60 s)")
-    parser.add_argument("--only", default="", help="comma-separated figure numbers or names, e.g. 1,2 or vs_hf")
+    parser.add_argument("--only", default=None, help="comma-separated figure numbers or names, e.g. 1,2 or vs_hf")
     parser.add_argument("--out", default="bench-out", help="folder for benchmarks.md and benchmarks.json")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: every usable core)")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda (figures 1-4 then run in bf16)")
@@ -36,11 +36,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def selected(only: str, smoke: bool = False) -> list[tuple[int, str]]:
+def selected(only: str | None, smoke: bool = False) -> list[tuple[int, str]]:
+    """The figures ``--only`` names; all but the long ones without it (all of them with ``--smoke``)."""
     figures = list(enumerate(FIGURES, start=1))
-    if not only:
+    if only is None:
         return figures if smoke else [(n, name) for n, name in figures if name not in LONG]
     wanted = {w.strip() for w in only.split(",") if w.strip()}
+    if not wanted:  # `--only ""` ran every figure, and `--only ,,` crashed after running none
+        raise UsageError(f"--only {only!r} names no figure; choose 1-{len(FIGURES)} or {', '.join(FIGURES)}, "
+                         "or leave --only out for all")
     chosen = [(n, name) for n, name in figures if str(n) in wanted or name in wanted]
     unknown = wanted - {str(n) for n, _ in chosen} - {name for _, name in chosen}
     if unknown:
@@ -80,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.threads < 0 or args.device not in ("cpu", "cuda"):
             raise UsageError(f"--threads {args.threads} / --device {args.device!r} is invalid: threads >= 0 "
                              "(0 = every usable core), device cpu or cuda")
+        from runners.device import check_runnable  # torch: after the checks that need none
+
+        check_runnable(args.device, "fp32", compiling=False, what=f"--device {args.device}")  # a traceback per figure
         check_out_folder(args.out)  # before the first figure runs, not after it
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from benchmarks import FIGURES
 from benchmarks.harness import Figure, markdown, sandwich
@@ -91,8 +92,17 @@ def test_nas_bench_runs_the_same_harness(tmp_path: Path, nas_cache: str) -> None
     assert [f["name"] for f in data["figures"]] == ["space_scaling"] and data["figures"][0]["smoke"] is True
 
 
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+
+
 @pytest.mark.parametrize("args, named", [(["--only", "14"], "14"), (["--only", "1,nope"], "nope"),
-                                         (["--device", "tpu"], "tpu"), (["--threads", "-1"], "-1")])
+                                         (["--device", "tpu"], "tpu"), (["--threads", "-1"], "-1"),
+                                         # ",," crashed after running nothing, "" ran every figure
+                                         (["--only", ",,"], "--only ',,' names no figure"),
+                                         (["--only", ""], "--only '' names no figure"),
+                                         # a traceback per figure
+                                         pytest.param(["--device", "cuda"], "this machine has no 'cuda' device",
+                                                      marks=NO_CUDA)])
 def test_nas_bench_bad_options_are_one_line_and_exit_2(args: list[str], named: str, tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "nas.cli", "bench", *args, "--out", str(tmp_path)], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)

@@ -140,8 +140,8 @@ def check_port_free(host: str, port: int) -> None:
 def bench(
     smoke: Annotated[bool, typer.Option("--smoke", help="A few steps per figure: checks the harness, measures "
                                         "nothing (< 60 s).")] = False,
-    only: Annotated[str, typer.Option("--only", help="Comma-separated figure numbers or names, e.g. 1,2 or "
-                                      "vs_hf (default: all).")] = "",
+    only: Annotated[str | None, typer.Option("--only", help="Comma-separated figure numbers or names, e.g. 1,2 or "
+                                             "vs_hf (default: all).", show_default=False)] = None,
     out: Annotated[str, typer.Option("--out", help="Folder for benchmarks.md and benchmarks.json.")] = "bench-out",
     threads: Annotated[int, typer.Option("--threads", help="Torch threads (0: every usable core).")] = 0,
     device: Annotated[BenchDevice, typer.Option("--device", help="cpu, or cuda (figures 1-4 then run in bf16).")]
@@ -154,5 +154,6 @@ def bench(
     from benchmarks.__main__ import main as bench_main
 
     argv = ["--out", out, "--threads", str(threads), "--device", device.value, "--seed", str(seed)]
-    argv += ["--smoke"] * smoke + (["--only", only] if only else []) + (["--cache-dir", cache_dir] if cache_dir else [])
+    argv += ["--smoke"] * smoke + (["--only", only] if only is not None else [])
+    argv += ["--cache-dir", cache_dir] if cache_dir else []
     raise typer.Exit(bench_main(argv))
