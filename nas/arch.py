@@ -38,6 +38,16 @@ MAX_K = 1024
 MAX_PARAMS = 2 * 10**11
 
 
+def json_kind(value: Any) -> str:
+    """What a value read from JSON is, in JSON's words (``null``, ``a string``), for a user's error line."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true/false"
+    kinds = {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number"}
+    return next((name for kind, name in kinds.items() if isinstance(value, kind)), type(value).__name__)
+
+
 def check_count(name: str, value: object, maximum: int) -> None:
     """``UsageError`` unless ``value`` is an int (not a bool) in ``[1, maximum]``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -316,7 +326,7 @@ class ArchConfig:
         known = {"n_layers", "d_model", "heads", "ffn", "vocab_size", "tie_embeddings", "rope_theta", "norm_eps",
                  "kv_heads"}
         if not isinstance(data, dict):
-            raise UsageError(f"an ArchConfig is a JSON object, not {type(data).__name__}")
+            raise UsageError(f"an ArchConfig is a JSON object, not {json_kind(data)}")
         unknown = sorted(set(data) - known)
         if unknown:
             raise UsageError(f"unknown ArchConfig field(s) {', '.join(unknown)}; "

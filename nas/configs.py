@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from nas.arch import ArchConfig
+from nas.arch import ArchConfig, json_kind
 from nas.errors import UsageError
 from nas.files import check_input, read_bytes, show
 
@@ -60,12 +60,12 @@ def arch_from_json(data: Any, source: str, rank: int | None = None) -> ArchConfi
     elif rank is not None and rank != 1:
         raise UsageError(f"--rank {rank} needs a list of rows, and {source} holds one shape")
     if not isinstance(data, dict):
-        raise UsageError(f"{source} holds a JSON {type(data).__name__}, not an ArchConfig object or a "
+        raise UsageError(f"{source} holds {json_kind(data)} (JSON), not an ArchConfig object or a "
                          "`nas best --format json` row")
     if "arch" in data:  # a leaderboard or export row: the shape, plus the proxy's scores
         data = data["arch"]
         if not isinstance(data, dict):
-            raise UsageError(f"{source}: its \"arch\" is a JSON {type(data).__name__}, not an ArchConfig object")
+            raise UsageError(f"{source}: its \"arch\" is {json_kind(data)} (JSON), not an ArchConfig object")
     _check_numbers(data, source)
     try:
         return ArchConfig.from_dict(data)

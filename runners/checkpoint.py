@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -84,17 +85,26 @@ def write_checkpoint(path: Path, payload: dict[str, Any]) -> None:
     _fsync_folder(path.parent)
 
 
+def load_weights_only(path: Path, what: str, map_location: str | torch.device = "cpu", then: str = "") -> Any:
+    """``torch.load(weights_only=True)`` of ``path``, or one ``UsageError``: ``<what> '<path>' cannot be read
+    (...): <why><then>``. The why is the unpickler's own reason: torch's message opens with advice to load with
+    ``weights_only=False``, which a line cut at its first sentences would pass on as ours."""
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except (pickle.UnpicklingError, zipfile.BadZipFile, EOFError, RuntimeError, ValueError, KeyError,
+            AttributeError, TypeError, OSError) as error:
+        text = str(error).strip()
+        found = re.search(r"WeightsUnpickler error:\s*(\S[^\n]*)", text)
+        why = found.group(1) if found else text.splitlines()[0] if text else type(error).__name__
+        raise UsageError(f"{what} {str(path)!r} cannot be read (corrupt, truncated, or not a plain weights-only "
+                         f"file): {why[:200]}{then}") from None
+
+
 def read_checkpoint(path: Path, run: dict[str, Any], map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """The checkpoint at ``path`` for the run ``run``, its tensors on ``map_location`` (RNG states are bytes and
     stay on the host); ``UsageError`` naming the file when it is corrupt, truncated, not a prism-nas checkpoint, or
     another run's."""
-    try:
-        data = torch.load(path, map_location=map_location, weights_only=True)
-    except (pickle.UnpicklingError, zipfile.BadZipFile, EOFError, RuntimeError, ValueError, KeyError,
-            AttributeError, TypeError, OSError) as error:
-        first = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
-        raise UsageError(f"checkpoint {str(path)!r} cannot be read (corrupt, truncated, or not a plain "
-                         f"weights-only file): {first}; delete it to start the run again") from None
+    data = load_weights_only(path, "checkpoint", map_location, then="; delete it to start the run again")
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise UsageError(f"checkpoint {str(path)!r} is not a prism-nas checkpoint; delete it or choose another --out")
     if data.get("version") not in READS:
@@ -103,6 +113,6 @@ def read_checkpoint(path: Path, run: dict[str, Any], map_location: str | torch.d
     stored = data.get("run")
     if stored != run:
         differ = sorted(k for k in set(stored or {}) | set(run) if (stored or {}).get(k) != run.get(k))
-        raise UsageError(f"checkpoint {str(path)!r} belongs to another run (its {', '.join(differ)} differ); "
+        raise UsageError(f"checkpoint {str(path)!r} belongs to another run (it differs in {', '.join(differ)}); "
                          "use the same command, or another --out")
     return data

@@ -78,6 +78,25 @@ def run_identity(arch: ArchConfig, cfg: TrainConfig, data: TokenData) -> dict[st
                                   "stream": STREAM_ORDER}, sort_keys=True))
 
 
+def check_run_log(path: Path) -> None:
+    """``UsageError`` when ``path`` holds something other than a run's log: a run rewrites its ``log.jsonl``, and a
+    user's own file of that name in ``--out`` was replaced without a word. A log cut inside its first line (a kill)
+    is still a run's."""
+    if not path.is_file():
+        return
+    with open(path, "rb") as f:
+        first = f.readline(1 << 16)
+    if not first.endswith(b"\n"):
+        return
+    try:
+        entry = json.loads(first)
+    except ValueError:
+        entry = None
+    if not (isinstance(entry, dict) and "step" in entry):
+        raise UsageError(f"{str(path)!r} is not a run's log (its first line is no step of one); move it away or "
+                         "choose another --out")
+
+
 class RunLog:
     """``log.jsonl`` of rank 0: one JSON line per step and per evaluation; on resume, cut back to the checkpoint."""
 
@@ -177,6 +196,7 @@ def _run(arch: ArchConfig, cfg: TrainConfig, data: TokenData, options: RunOption
             if result.get("run") == identity:
                 return {**result, "resumed": "finished"}
             raise UsageError(f"{str(out)!r} holds the result of another run; choose another --out")
+        check_run_log(out / "log.jsonl")
     device = processes.device
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # torchrun's processes share the cores: a share each
     # before anything is built or made: a shape this machine cannot hold is one line, not the allocator's traceback

@@ -143,6 +143,9 @@ class PrismSpace(SearchSpace):
             check_positive("min_head_dim", min_head_dim)
         if max_head_dim is not None:
             check_positive("max_head_dim", max_head_dim)
+        if min_head_dim is not None and max_head_dim is not None and min_head_dim > max_head_dim:
+            raise UsageError(f"min_head_dim={min_head_dim} > max_head_dim={max_head_dim}: no head dim is both; choose "
+                             "min_head_dim ≤ max_head_dim")
         check_positive("vocab_size", vocab_size, maximum=MAX_VOCAB)
         check_positive("kv_group", kv_group, "the group size is a positive integer")
         check_positive("min_kv_heads", min_kv_heads)

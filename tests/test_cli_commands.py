@@ -83,6 +83,19 @@ WIDE = ArchConfig(n_layers=52, d_model=16384, heads=(128,) * 52, ffn=FFNShape(1,
 DEEP = ArchConfig(n_layers=3800, d_model=2048, heads=(16,) * 3800, ffn=FFNShape(1, 5461), vocab_size=256)
 
 
+def test_a_file_of_the_users_named_log_jsonl_in_out_is_refused_not_replaced(tmp_path):
+    """A stray result.json was refused, while a log.jsonl of the user's was rewritten as the run's log."""
+    arch = ArchConfig(n_layers=4, d_model=32, heads=(2, 2, 4, 4), ffn=FFNShape(2, 16), vocab_size=256)
+    (tmp_path / "arch.json").write_text(arch.to_json())
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "log.jsonl").write_text("my notes\n")
+    result = invoke("train", "--config", str(tmp_path / "arch.json"), "--preset", "tiny", "--out",
+                    str(tmp_path / "run"))
+    assert result.exit_code == 2 and "log.jsonl' is not a run's log" in result.stderr, result.output
+    assert (tmp_path / "run" / "log.jsonl").read_text() == "my notes\n"
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["log.jsonl"]
+
+
 @pytest.mark.parametrize("arch", [WIDE, DEEP], ids=["1.7e11-parameters", "3800-layers"])
 def test_a_shape_this_machine_cannot_train_is_refused_before_it_is_built_and_makes_no_folder(tmp_path, arch):
     """Issue 52: neither was refused up front: the allocator's RuntimeError traceback, and an empty --out folder."""

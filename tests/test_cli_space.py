@@ -82,6 +82,7 @@ def test_heads_not_dividing_d_model_is_one_line_and_exit_2():
         (["--space", "foo"], "Invalid value for '--space': 'foo' is not one of 'prism', 'hourglass', 'joint'"),
         (["--space", "hourglass", "--fix", "ffn"], "'ffn' is not one of 'attention', 'none'"),
         (["--min-plateau", "5"], "min_plateau=5 > max_plateau=4"),
+        (["--min-head-dim", "64", "--max-head-dim", "8"], "min_head_dim=64 > max_head_dim=8"),  # counted 1
         (["--space", "prism", "--budget", "1M"], "--budget only applies to the hourglass and joint spaces"),
         (["--space", "hourglass", "--k-values", "1,x"], "--k-values '1,x' is not a comma-separated list of ints"),
         (["--space", "hourglass", "--budget", "lots"], "--budget 'lots' is not a size"),

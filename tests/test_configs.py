@@ -33,8 +33,10 @@ def test_a_plain_config_a_row_and_a_leaderboard_all_give_the_shape(tmp_path):
 @pytest.mark.parametrize("data, says", [
     ([], "not of `nas best`/`nas export` rows"),
     ([1, 2], "not of `nas best`/`nas export` rows"),
-    ("text", "holds a JSON str"),
-    ({"arch": [1]}, "its \"arch\" is a JSON list"),
+    ("text", "holds a string (JSON), not an ArchConfig"),  # the line named Python's types: "a JSON str"
+    (None, "holds null (JSON)"),
+    (42, "holds a number (JSON)"),
+    ({"arch": [1]}, "its \"arch\" is a list (JSON)"),
     ({**STEP.to_dict(), "n_layers": 4.0}, "n_layers=4.0 is invalid"),
     ({**STEP.to_dict(), "d_model": True}, "d_model=True is invalid"),
     ({**STEP.to_dict(), "heads": "2,2,4,4"}, "heads='2,2,4,4' is invalid"),

@@ -44,8 +44,9 @@ def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
+        why = "it is a file, not a folder" if root.is_file() else exc.strerror or exc  # mkdir says 'File exists'
         raise UsageError(
-            f"cannot create the data cache {str(root)!r} ({exc.strerror or exc}); set NAS_CACHE to a writable directory"
+            f"cannot create the data cache {str(root)!r} ({why}); set NAS_CACHE to a writable directory"
         ) from None
     return root
 

@@ -11,8 +11,6 @@ so a checkpoint is never read as another shape. A folder with neither file (an u
 from __future__ import annotations
 
 import json
-import pickle
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +19,7 @@ import torch
 
 from nas.arch import ArchConfig
 from nas.errors import UsageError
-from runners.checkpoint import CHECKPOINT_NAME, FORMAT
+from runners.checkpoint import CHECKPOINT_NAME, FORMAT, load_weights_only
 from runners.config import TrainConfig
 
 
@@ -42,13 +40,7 @@ class TrainedRun:
 
 def _load(path: Path) -> dict[str, Any]:
     """The checkpoint's dict, read with ``weights_only=True`` (a crafted file runs nothing)."""
-    try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, zipfile.BadZipFile, EOFError, RuntimeError, ValueError, KeyError,
-            AttributeError, TypeError, OSError) as error:
-        first = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
-        raise UsageError(f"--checkpoint {str(path)!r} cannot be read (corrupt, truncated, or not a plain "
-                         f"weights-only file): {first}") from None
+    data = load_weights_only(path, "--checkpoint")
     run = data.get("run") if isinstance(data, dict) else None
     if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(run, dict) \
             or not isinstance(run.get("arch"), str) or not isinstance(data.get("model"), dict):
