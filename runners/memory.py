@@ -5,10 +5,16 @@ built anyway, it dies in the allocator with a traceback, after its output folder
 it first, in one line, from arithmetic that is a lower bound (so nothing that would fit is refused):
 
 - **state**: fp32 weights, their gradients and AdamW's two moments (``4 x 4`` bytes a parameter), plus the weight
-  average when the run scores one (``ema_decay > 0``): 4 more;
-- **activations** of one forward of the micro-batch, at least the logits (``rows x T x V``) and each layer's
-  input (``rows x T x d_model`` a layer), 4 bytes each (2 under bf16 autocast); the real peak is several times
-  this.
+  average when the run scores one (``ema_decay > 0``): 4 more, and under bf16 autocast the weights' bf16 copies: 2;
+- **activations** of one forward of the micro-batch, per token: the logits beside cross-entropy's fp32
+  log-probabilities (``V`` values each, alive together as the forward ends; under bf16 the logits' fp32 copy too),
+  and what autograd keeps of each layer for the backward (``activation_bytes``: the layer's input and normed
+  input, the output projection's input, q k v; per sub-MLP its input, normed input, gate, up and gated product),
+  4 bytes a value (2 under bf16 autocast, but for the fp32 residual stream). Checked against the tensors a real
+  forward saves (``tests/test_cli_commands.py``: 0.45-1.0 of them); a step's peak is up to ~2x those (the
+  backward's gradients, the allocator's slack). An estimate of the logits and one value a layer, as before, let a
+  GPT-2 small run of 32 x 1024 tokens on a CPU past at "5.9 GB", and it took the machine's 24 GB. A run that
+  passes the check and still runs out of memory ends in one line (``nas train``), not a traceback.
 
 What a process may use (``available_bytes``): on CUDA, the device's free memory; elsewhere the least of the memory
 Linux says is available (``MemAvailable`` plus free swap), the cgroup's limit less its usage, and the address space
@@ -40,21 +46,39 @@ class Need:
 
     params: int
     state: int  # weights, gradients, optimiser moments, weight average
-    activations: int  # one forward of the micro-batch: logits and each layer's input
+    activations: int  # one forward of the micro-batch: logits and log-probabilities, what each layer keeps
 
     @property
     def total(self) -> int:
         return self.state + self.activations
 
 
+def activation_bytes(arch: ArchConfig, width: int, compiled: bool = False) -> int:
+    """Bytes autograd keeps a token for the backward, over the layers, at ``width`` bytes a value (4, or 2 under bf16
+    autocast) except the residual stream (fp32 either way): per layer its input (4 bytes a value) and ``2 d`` values
+    (normed input, the output projection's input) plus q, k, v (``d + 2 kv_l d / h_l``); per sub-MLP its input (4
+    bytes a value) and ``d + 3 hidden`` values (normed input; gate, up and their gated product). ``compiled``: the
+    residual stream only, since a compiled graph may recompute the rest in its backward (Inductor's min-cut
+    partitioner does)."""
+    d = arch.d_model
+    if compiled:
+        return arch.n_layers * (1 + arch.ffn.k) * 4 * d
+    kv = arch.kv_heads or arch.heads
+    attention = sum(4 * d + (3 * d + 2 * kv_l * (d // h_l)) * width for h_l, kv_l in zip(arch.heads, kv, strict=True))
+    return attention + arch.n_layers * arch.ffn.k * (4 * d + (d + 3 * arch.ffn.hidden) * width)
+
+
 def training_need(arch: ArchConfig, cfg: TrainConfig, rows: int) -> Need:
     """The lower bound of what training ``arch`` at ``cfg`` takes in one process whose forward sees ``rows``
     sequences (module docstring)."""
     n = arch.n_params()["total"]
-    state = n * (STATE_BYTES + (EMA_BYTES if cfg.ema_decay > 0 else 0))
     width = 2 if cfg.dtype == "bf16" else 4
-    activations = rows * cfg.seq_len * (arch.vocab_size + arch.n_layers * arch.d_model) * width
-    return Need(n, state, activations)
+    # bf16 autocast keeps a bf16 copy of each weight through the forward
+    state = n * (STATE_BYTES + (EMA_BYTES if cfg.ema_decay > 0 else 0) + (2 if width == 2 else 0))
+    # the logits, and cross-entropy's fp32 log-probabilities of them (under bf16, of their fp32 copy: alive too)
+    per_token = arch.vocab_size * (width + 4 + (4 if width == 2 else 0)) + activation_bytes(arch, width,
+                                                                                          compiled=cfg.compile)
+    return Need(n, state, rows * cfg.seq_len * per_token)
 
 
 def _read_int(path: Path) -> int | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Annotated
 
@@ -82,6 +83,18 @@ def train(
         if speaks:
             typer.echo(interrupted(out), err=True)
         raise typer.Exit(130) from None
+    except (RuntimeError, MemoryError) as error:  # past the check's lower bound (runners.memory): one line, exit 2
+        from runners.device import is_out_of_memory
+
+        if not is_out_of_memory(error):
+            raise
+        rows = micro_batch or cfg.batch_size
+        asked = re.search(r"tried to allocate (\d+ bytes|[\d.]+ ?[KMGT]?i?B)", str(error), re.IGNORECASE)
+        failed = f"an allocation of {asked.group(1)} failed" if asked else str(error).strip().splitlines()[0][:160]
+        raise UsageError(f"training {arch.label()} ran out of memory on {cfg.device} ({failed}): a forward of "
+                         f"{rows} sequences of "
+                         f"{cfg.seq_len} tokens needs more than this machine gives; give a smaller --micro-batch "
+                         "(the same global batch, in more passes) or a smaller shape") from None
     if not speaks:
         return
     text = json.dumps(result, indent=2, default=str)
