@@ -82,6 +82,22 @@ def test_a_storage_that_refuses_the_connection_is_one_line_without_the_password(
     assert SECRET not in done.stderr + done.stdout and "***" in done.stderr
 
 
+@pytest.mark.parametrize("password", ["e", "p", "nas1"])
+def test_a_short_password_is_masked_as_a_value_not_as_letters_of_the_message(tmp_path, password):
+    """Every occurrence of the password's characters was masked: 'e' printed 'conn***ction to s***rv***r'."""
+    done = run_nas("best", "--storage", f"postgresql://nas:{password}@127.0.0.1:1/nas", cwd=tmp_path)
+    assert done.returncode == 2 and "postgresql://nas:***@127.0.0.1:1/nas" in done.stderr, done.stderr
+    assert "connection to server at" in done.stderr and "port 1 failed" in done.stderr, done.stderr
+
+
+def test_a_password_a_driver_echoes_is_masked_where_it_stands_as_a_value():
+    from nas.study.storage import without_password
+
+    echoed = "password=s3cr3t! host=db; postgresql://u:s3cr3t%21@db/x"
+    assert without_password(echoed, "s3cr3t!") == "password=*** host=db; postgresql://u:***@db/x"
+    assert without_password("could not translate host name", "o") == "could not translate host name"
+
+
 def test_the_dashboard_listens_on_loopback_only_unless_host_says_and_then_warns(tmp_path, postgres_url):
     url = with_password(postgres_url)
     assert run_nas("search", *SPACE3, *TINY, "--trials", "1", "--storage", url, cwd=tmp_path).returncode == 0

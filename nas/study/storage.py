@@ -23,6 +23,7 @@ import os
 import re
 import sqlite3
 import time
+import urllib.parse
 import warnings
 from contextlib import closing
 from pathlib import Path
@@ -213,15 +214,24 @@ def make_storage(url: str = DEFAULT_STORAGE, heartbeat_interval: int = 10,
         raise UsageError(f"storage URL {display_url(url)!r} needs the Python package {missing!r}: {install}") from None
     except sqlalchemy.exc.DBAPIError as error:  # cannot connect, no permission...
         first = str(error.orig).strip().splitlines()[0] if error.orig else str(error).splitlines()[0]
-        password = parsed.password
-        if password:  # a driver may echo the connection string it was given
-            first = first.replace(str(password), "***")
-        raise UsageError(f"cannot open storage {display_url(url)!r}: {first}") from None
+        raise UsageError(f"cannot open storage {display_url(url)!r}: {without_password(first, parsed.password)}") \
+            from None
     except RuntimeError as error:  # Optuna's schema check: another Optuna version made this storage
         raise UsageError(f"cannot open storage {display_url(url)!r}: {_schema_message(str(error))}") from None
     if parsed.get_backend_name() == "sqlite":
         sqlalchemy.event.listen(storage.engine, "begin", _begin_deferred if read_only else _begin_immediately)
     return storage
+
+
+def without_password(text: str, password: object) -> str:
+    """``text`` with ``password`` (as given, and URL-quoted) masked wherever it stands as a whole value: a driver may
+    echo the connection string it was given. Masking every occurrence of its characters garbled the message (a
+    password 'e' printed 'conn***ction to s***rv***r')."""
+    if not password:
+        return text
+    for form in dict.fromkeys((str(password), urllib.parse.quote(str(password), safe=""))):
+        text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(form)}(?![A-Za-z0-9])", "***", text)
+    return text
 
 
 def _schema_message(message: str) -> str:
