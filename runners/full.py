@@ -56,6 +56,7 @@ from runners.peak import measure_matmul_peak
 from runners.proxy import build_optimizer, compile_model, lr_multiplier, update_average
 from runners.stream import ORDER as STREAM_ORDER
 from runners.stream import TokenStream
+from runners.throughput import TrainClock
 
 MAX_CURVE_POINTS = 256
 
@@ -250,7 +251,10 @@ def _run(arch: ArchConfig, cfg: TrainConfig, data: TokenData, options: RunOption
     losses = StepLosses(device)
     unread: list[tuple[int, float, float]] = []  # (step, lr, train time after it) of steps whose loss is unread
     pinned = device.type == "cuda"  # a copy from pageable memory waits for the device's queue
+    clock = TrainClock.for_run(steps, first_step)
     for step in range(first_step, steps):
+        if step == clock.timed_from and step > first_step and device.type == "cuda":
+            torch.cuda.synchronize(device)  # the warm-up steps' kernels finish before the steady steps' clock starts
         tick = time.perf_counter()
         for group in optimizer.param_groups:
             group["lr"] = cfg.lr * lr_multiplier(step, steps, cfg.warmup_frac, cfg.min_lr_ratio)
@@ -277,7 +281,8 @@ def _run(arch: ArchConfig, cfg: TrainConfig, data: TokenData, options: RunOption
         # read points depend on the step alone, so every rank reads, and stops on divergence, at the same step
         reading = losses.due or evaluating or saving or step == first_step
         values = losses.read() if reading else []
-        train_time += time.perf_counter() - tick
+        clock.add(step, time.perf_counter() - tick)
+        train_time = clock.total_s
         unread.append((step, optimizer.param_groups[0]["lr"], train_time))
         if not reading:
             continue
@@ -321,7 +326,7 @@ def _run(arch: ArchConfig, cfg: TrainConfig, data: TokenData, options: RunOption
             barrier(processes)
     log.close()
     tokens_seen = len(curves["train"]) * cfg.tokens_per_step
-    speed = (tokens_seen - first_step * cfg.tokens_per_step) / train_time if train_time else 0.0
+    speed = clock.tokens_per_s(len(curves["train"]), cfg.tokens_per_step)  # past the process's one-off costs
     result = {
         "run": identity, "status": status, "reason": reason, "val_loss": val_loss if status == "ok" else None,
         "eval_curve": curves["eval"], "train_curve": _sparse(curves["train"]), "tokens_seen": tokens_seen,

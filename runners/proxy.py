@@ -37,6 +37,7 @@ from runners.device import (
     resolve_device,
 )
 from runners.result import TrialResult
+from runners.throughput import TrainClock
 
 # (tokens seen, validation loss) -> True to stop the run now (the search's pruner said so)
 ReportFn = Callable[[int, float], bool]
@@ -276,18 +277,20 @@ def _train(model: Transformer, cfg: TrainConfig, data: TokenData, val: list, dev
     params = [p for p in model.parameters() if p.requires_grad]
     ema = [p.detach().clone() for p in params] if cfg.ema_decay > 0 else None
     first_loss: float | None = None
-    train_time = 0.0
     model.train()
     chunks = cfg.batch_size // (cfg.micro_batch or cfg.batch_size)  # micro-batches per step, gradients accumulated
     # evaluation forwards hold at most a micro-batch once it is smaller than the batch (out of memory halved it)
     max_rows = cfg.micro_batch if cfg.micro_batch and cfg.micro_batch < cfg.batch_size else 0
     losses = StepLosses(device)
     pinned = device.type == "cuda"  # a copy from pageable memory waits for the device's queue; a pinned one does not
+    clock = TrainClock.for_run(steps)
     for step in range(steps):
         x, y = sampler.next()
         if pinned:
             x, y = x.pin_memory(), y.pin_memory()
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        if step == clock.timed_from and step > 0:
+            _sync(device)  # CUDA: the warm-up steps' kernels finish before the steady steps' clock starts
         tick = time.perf_counter()
         if chunks == 1:
             with autocast(device, cfg.dtype):
@@ -309,10 +312,10 @@ def _train(model: Transformer, cfg: TrainConfig, data: TokenData, val: list, dev
         losses.add(loss)
         evaluating = (step + 1) % eval_interval == 0 or step == steps - 1 or step in score_steps
         if not (losses.due or evaluating):  # CUDA: the loss stays on the device until the next read
-            train_time += time.perf_counter() - tick
+            clock.add(step, time.perf_counter() - tick)
             continue
         values = losses.read()  # the CPU: this step's loss; CUDA: the steps' since the last read (one sync)
-        train_time += time.perf_counter() - tick
+        clock.add(step, time.perf_counter() - tick)
         result.steps, result.tokens_seen = step + 1, (step + 1) * cfg.tokens_per_step
         for at, loss_value in enumerate(values, start=step + 1 - len(values)):
             first_loss = loss_value if first_loss is None else first_loss
@@ -354,5 +357,5 @@ def _train(model: Transformer, cfg: TrainConfig, data: TokenData, val: list, dev
                 result.status, result.reason = "pruned", f"pruned after {result.tokens_seen} tokens"
                 break
     _sync(device)
-    result.train_time_s = train_time
-    result.tokens_per_s = result.tokens_seen / train_time if train_time > 0 else 0.0
+    result.train_time_s = clock.total_s
+    result.tokens_per_s = clock.tokens_per_s(result.steps, cfg.tokens_per_step)  # past the process's one-off costs
