@@ -219,6 +219,25 @@ def test_a_rule_read_from_too_few_shapes_gets_no_number():
     assert fit_rules(scores, covariates, ["a", "b"], 3.0).estimate("a").estimated  # 7 - 1 - 2 = 4
 
 
+def test_as_many_rules_as_shapes_is_too_few_shapes_for_each_not_confounded_and_none_gets_a_number():
+    """8 shapes, 7 rules: every column is a combination of the others, which the fit called "confounded" for six of
+    them and then gave the seventh an interval from a model without them."""
+    from nas.stats.rules import TOO_FEW_SHAPES
+
+    rng = np.random.default_rng(5)
+    names = [f"r{i}" for i in range(7)]
+    covariates = {}
+    for i in range(8):  # r0-r5 span three directions between them; r6 is its own
+        a, b, c, d = (float(v) for v in rng.normal(0, 1, 4))
+        covariates[f"s{i}"] = [a, b, c, a + b, b + c, a + c, d]
+    # every shape trained once, on seed 0 (a short search's members)
+    scores = {k: ShapeScores(k, (0,), (0,), (3.0 + 0.02 * sum(x) + float(rng.normal(0, 0.02)),))
+              for k, x in covariates.items()}
+    fit = fit_rules(scores, covariates, names, 3.0)
+    assert {e.verdict for e in fit.estimates} == {TOO_FEW_SHAPES}, [e.verdict for e in fit.estimates]
+    assert all(e.estimate is None for e in fit.estimates) and fit.estimate("r0").df == 8 - 1 - 7
+
+
 def test_the_interval_does_not_move_with_the_grids_end_once_there_are_enough_shapes(monkeypatch):
     import nas.stats.rules as rules
 

@@ -69,6 +69,7 @@ GOLDEN_STEPS = 48  # golden-section steps refining REML's log lambda: the bracke
 
 RESOLVED, NOT_RESOLVED, CONFOUNDED_VERDICT, NOT_VARIED = "resolved", "not resolved", "confounded", "not varied"
 TOO_FEW_SHAPES = "too few shapes"
+SEED_EFFECTS = "the seed effects"  # what a rule constant within each seed is confounded with
 
 
 @dataclass(frozen=True)
@@ -258,7 +259,7 @@ def _confounding(seeds: np.ndarray, x: np.ndarray, names: Sequence[str]) -> dict
     for j, name in enumerate(names):
         column = x[:, j] - seeds @ np.linalg.lstsq(seeds, x[:, j], rcond=None)[0]  # within seeds
         if float(column @ column) <= 1e-12 * max(1.0, float(x[:, j] @ x[:, j])):
-            out[name] = "the seed effects"
+            out[name] = SEED_EFFECTS
             continue
         others = [k for k in range(len(names)) if k != j]
         if not others:
@@ -313,17 +314,21 @@ def fit_rules(scores: Mapping[str, ShapeScores], covariates: Mapping[str, Sequen
     beta, covariance, tau, sigma, df, u = _estimate(design, len(fitted), len(keys), len(seed_list))
     covariance_of = {names[j]: i for i, j in enumerate(fitted)}
     q, power_q = quantile(df), float(stdtrit(max(df, 1), POWER))
-    too_few = len(keys) - 1 - len(fitted) < MIN_SHAPE_DF
+    # too few shapes for the rules the study varied: with S <= R + 1 every column is a combination of the others,
+    # which is no confounding, and the rules left in the model after dropping those would get a number
+    few_for_all = len(keys) - 1 - len(varied) < MIN_SHAPE_DF
+    too_few = few_for_all or len(keys) - 1 - len(fitted) < MIN_SHAPE_DF
+    spare = len(keys) - 1 - (len(varied) if few_for_all else len(fitted))
     pairs = {square: linear for square, linear in pairs.items() if square in covariance_of and linear in covariance_of}
     out = []
     for j, name in enumerate(names):
         if j not in varied:
             out.append(RuleEstimate(name, NOT_VARIED, baseline_loss=baseline_loss))
-        elif name in confounded:
+        elif name in confounded and (confounded[name] == SEED_EFFECTS or not few_for_all):
             out.append(RuleEstimate(name, CONFOUNDED_VERDICT, baseline_loss=baseline_loss,
                                     confounded_with=confounded[name]))
         elif too_few:  # the interval would be the grid's, not the data's (MIN_SHAPE_DF)
-            out.append(RuleEstimate(name, TOO_FEW_SHAPES, baseline_loss=baseline_loss, df=len(keys) - 1 - len(fitted)))
+            out.append(RuleEstimate(name, TOO_FEW_SHAPES, baseline_loss=baseline_loss, df=spare))
         else:
             i = covariance_of[name]
             value, sd = float(beta[i]), math.sqrt(max(float(covariance[i, i]), 0.0))
