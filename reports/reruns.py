@@ -87,8 +87,8 @@ def reruns_section(data: StudyData) -> Section:
                  "tokens/s": fmean(runs[runs["proxy_key"] == key]["tokens_per_s"].dropna())
                  if runs[runs["proxy_key"] == key]["tokens_per_s"].notna().any() else None}
                 for key in sorted(full, key=lambda k: full_rank[k])]
-        verdict = (f"preset {preset}: Kendall tau {agreement.tau:+.2f} (95 % bootstrap interval "
-                   f"[{agreement.low:+.2f}, {agreement.high:+.2f}] over seeds, {agreement.n_shapes} shapes); "
+        verdict = (f"preset {preset}: Kendall tau {agreement.tau:+.2f} ({agreement.interval_text()}, "
+                   f"{agreement.n_shapes} shapes); "
                    f"top-{agreement.top_k} overlap {agreement.top_overlap} of {agreement.top_k}"
                    if agreement else f"preset {preset}: fewer than 2 shapes with both proxy and full results")
         verdict += "; " + held_text(data, runs, preset)

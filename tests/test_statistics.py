@@ -72,6 +72,10 @@ def test_kendall_tau_and_its_bootstrap_interval():
     noisy = kendall_tau({k: [v[0] + e for e in (-2, 0, 2)] for k, v in proxy.items()}, proxy)
     assert noisy.low < noisy.tau <= noisy.high and noisy.high - noisy.low > 0.3  # seeds this noisy: a wide interval
     assert kendall_tau({"a": [1.0]}, {"a": [2.0]}) is None
+    # one seed a shape on both sides: nothing to resample; the interval was [tau, tau], as if certain
+    single = kendall_tau({k: [v[0]] for k, v in proxy.items()}, {k: [v[0] * 10] for k, v in proxy.items()})
+    assert single.tau == pytest.approx(1.0) and single.low is None and single.high is None
+    assert single.interval_text().startswith("no interval: one seed a shape")
 
 
 @pytest.mark.parametrize("optimum", [40.0, 150.0])

@@ -236,8 +236,8 @@ def rerun(
         key: list(group["val_loss"]) for key, group in reruns[reruns["preset"] == label].groupby("proxy_key")}
     agreement = kendall_tau({k: list(proxy.scores[k].losses) for k in full if k in proxy.scores}, full)
     if agreement is not None:
-        typer.echo(f"proxy -> {label}: Kendall tau {agreement.tau:+.2f} (95 % bootstrap interval "
-                   f"[{agreement.low:+.2f}, {agreement.high:+.2f}], {agreement.n_shapes} shapes); top-"
+        typer.echo(f"proxy -> {label}: Kendall tau {agreement.tau:+.2f} ({agreement.interval_text()}, "
+                   f"{agreement.n_shapes} shapes); top-"
                    f"{agreement.top_k} overlap {agreement.top_overlap}", err=True)
     typer.echo(f"done. Next: nas report --study-name {shlex.quote(proxy.name)} --storage "
                f"{shlex.quote(display_url(storage))} -o report.html",

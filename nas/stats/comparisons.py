@@ -152,14 +152,21 @@ def tied_set(scores: dict[str, ShapeScores], best: str, alpha: float = ALPHA) ->
 
 @dataclass(frozen=True)
 class RankAgreement:
-    """Kendall tau between two rankings of the same shapes, with a bootstrap interval over seeds."""
+    """Kendall tau between two rankings of the same shapes, with a bootstrap interval over seeds (None when every
+    shape has one seed on both sides: nothing to resample, and a zero-width interval would claim certainty)."""
 
     tau: float
-    low: float
-    high: float
+    low: float | None
+    high: float | None
     n_shapes: int
     top_overlap: int  # shapes in both top-k
     top_k: int
+
+    def interval_text(self) -> str:
+        """``95 % bootstrap interval [a, b]``, or why there is none."""
+        if self.low is None or self.high is None:
+            return "no interval: one seed a shape on both sides, nothing to resample"
+        return f"95 % bootstrap interval [{self.low:+.2f}, {self.high:+.2f}] over seeds"
 
 
 def kendall_tau(proxy: dict[str, list[float]], full: dict[str, list[float]], top_k: int = 3,
@@ -177,11 +184,13 @@ def kendall_tau(proxy: dict[str, list[float]], full: dict[str, list[float]], top
         return 0.0 if value is None or math.isnan(value) else float(value)
 
     tau = tau_of([fmean(proxy[k]) for k in keys], [fmean(full[k]) for k in keys])
+    k = min(top_k, len(keys))
+    top = set(sorted(keys, key=lambda key: fmean(proxy[key]))[:k])
+    top_full = set(sorted(keys, key=lambda key: fmean(full[key]))[:k])
+    if all(len(proxy[key]) < 2 and len(full[key]) < 2 for key in keys):
+        return RankAgreement(tau, None, None, len(keys), len(top & top_full), k)
     rng = random.Random(seed)
     draws = sorted(tau_of([fmean(rng.choices(proxy[k], k=len(proxy[k]))) for k in keys],
                           [fmean(rng.choices(full[k], k=len(full[k]))) for k in keys]) for _ in range(resamples))
     low, high = draws[int(0.025 * resamples)], draws[min(resamples - 1, int(0.975 * resamples))]
-    k = min(top_k, len(keys))
-    top = set(sorted(keys, key=lambda key: fmean(proxy[key]))[:k])
-    top_full = set(sorted(keys, key=lambda key: fmean(full[key]))[:k])
     return RankAgreement(tau, low, high, len(keys), len(top & top_full), k)
