@@ -67,6 +67,8 @@ def user_path(text: str | os.PathLike[str], what: str, stored: bool = False) -> 
 
     ``stored``: the name is kept as text (in a study's identity, a database URL), so it must be valid UTF-8."""
     raw = os.fspath(text)
+    if not raw:  # Path("") is the working directory: `--runs ""` trained into it, `-o ""` was called '.'
+        raise UsageError(f"{what} is empty: give a path")
     if "\x00" in raw:
         raise UsageError(f"{what} {show(raw)} holds a NUL byte, which no file name can")
     if stored and any(0xDC80 <= ord(c) <= 0xDCFF for c in raw):

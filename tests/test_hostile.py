@@ -251,6 +251,24 @@ def test_an_output_target_that_cannot_be_written_is_refused_before_any_work(plac
     refused(place, OUTPUT_COMMANDS[command](BAD_OUTPUTS[family]))
 
 
+EMPTY_PATHS = {**OUTPUT_COMMANDS,
+               "export --format hf -o": lambda o: ["export", "--storage", "sqlite:///study.db", "--format", "hf",
+                                                   "-o", o],
+               "train --config": lambda o: ["train", "--config", o, "--preset", "tiny"],
+               "rules --runs": lambda o: ["rules", "--storage", "sqlite:///study.db", "--confirm", "cpu", "--runs", o]}
+
+
+@pytest.mark.parametrize("command", sorted(EMPTY_PATHS))
+def test_an_empty_path_is_refused_not_read_as_the_working_directory(place, command):
+    # `--runs ""` trained into the working directory, and `-o ""` was refused as "'.' is a directory"
+    line = refused(place, EMPTY_PATHS[command](""))
+    assert line == f"error: {command.split()[-1]} is empty: give a path", line
+
+
+def test_a_model_directory_name_too_long_is_refused_in_one_line(place):
+    refused(place, EMPTY_PATHS["export --format hf -o"]("d" * 300))  # an OSError traceback
+
+
 @pytest.mark.parametrize("command", ["train --out", "rerun --runs"])
 def test_a_fifo_given_for_a_folder_is_refused_without_opening_it(place, command):
     # looking for an SQLite header must not open a FIFO: opening one to read waits for a writer, for ever

@@ -12,13 +12,12 @@ A rank the study does not hold, or a checkpoint of another shape, is one ``Usage
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
 
 from nas.errors import UsageError
+from nas.files import user_path
 
 if TYPE_CHECKING:
     from nas.hf.run import TrainedRun
@@ -78,8 +77,8 @@ def export_model_dir(study_name: str | None, storage: str, rank_text: str | None
     """``nas export --format hf|llama``: resolve the shape and weights, write ``-o DIR``, say what was written."""
     if output_text is None or output_text == "-":
         raise UsageError(f"--format {fmt} writes a model directory: give -o DIR")
-    output = Path(os.path.expanduser(output_text))
-    checkpoint = Path(os.path.expanduser(checkpoint_text)) if checkpoint_text is not None else None
+    output = user_path(output_text, "-o")
+    checkpoint = user_path(checkpoint_text, "--checkpoint") if checkpoint_text is not None else None
     rank = parse_rank(rank_text)
     from nas.arch import ArchConfig
     from nas.hf.card import Provenance

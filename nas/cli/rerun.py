@@ -103,7 +103,7 @@ class RerunBatch:
     storage: optuna.storages.BaseStorage  # the writable storage both studies live in
 
 
-def open_batch(proxy: StudyData, target: Target, shapes: list[PlannedShape], seeds: int, runs: Path,
+def open_batch(proxy: StudyData, target: Target, shapes: list[PlannedShape], seeds: int, runs: str | Path,
                storage: str, what: str) -> RerunBatch:
     """The planned runs of ``shapes`` x ``seeds`` and the re-run study they are recorded in (made when missing); a
     shape this machine cannot train (``runners.memory.check_fits``; ``what``: how the refusal names it, ``{rank}``
@@ -196,8 +196,8 @@ def rerun(
                                        "NCCL on GPUs, gloo on CPUs).")] = 1,
     data: Annotated[str, typer.Option("--data", help="As for nas search (FineWeb .bin shards for the GPU "
                                       "presets).")] = "builtin",
-    runs: Annotated[Path, typer.Option("--runs", help="Folder of the runs' checkpoints, logs and results.")]
-    = Path("runs"),
+    runs: Annotated[str, typer.Option("--runs", help="Folder of the runs' checkpoints, logs and results.")]
+    = "runs",
     device: Annotated[str | None, typer.Option("--device", help="auto, cpu, cuda or mps (default the "
                                                "preset's).", show_default=False)] = None,
     compile: Annotated[bool | None, typer.Option("--compile/--no-compile", help="torch.compile each run "

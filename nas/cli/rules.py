@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import shlex
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -18,6 +17,7 @@ import typer
 from nas.cli.app import app
 from nas.cli.options import StorageOpt, StudyOpt, TableOrJson
 from nas.errors import UsageError
+from nas.files import output_folder
 from nas.study.config import DEFAULT_STORAGE, display_url
 
 if TYPE_CHECKING:
@@ -89,8 +89,8 @@ def rules(
     tokens: Annotated[str | None, typer.Option("--tokens", help="--confirm: training tokens per run (default the "
                                                "preset's).", show_default=False)] = None,
     data: Annotated[str, typer.Option("--data", help="--confirm: as for nas rerun.")] = "builtin",
-    runs: Annotated[Path, typer.Option("--runs", help="--confirm: folder of the runs (as nas rerun's).")]
-    = Path("runs"),
+    runs: Annotated[str, typer.Option("--runs", help="--confirm: folder of the runs (as nas rerun's).")]
+    = "runs",
     device: Annotated[str | None, typer.Option("--device", help="--confirm: auto, cpu, cuda or mps (default the "
                                                "preset's).", show_default=False)] = None,
     threads: Annotated[int, typer.Option("--threads", help="--confirm: torch threads per run (0: every core).")]
@@ -106,7 +106,7 @@ def rules(
     if confirm is None:
         given = [flag for flag, value, default in (("--shapes", shapes, 8), ("--seeds", seeds, 2),
                                                    ("--tokens", tokens, None), ("--data", data, "builtin"),
-                                                   ("--runs", runs, Path("runs")), ("--device", device, None),
+                                                   ("--runs", runs, "runs"), ("--device", device, None),
                                                    ("--threads", threads, 0)) if value != default]
         if given:
             raise UsageError(f"{', '.join(given)} go{'es' if len(given) == 1 else ''} with --confirm PRESET")
@@ -116,6 +116,7 @@ def rules(
 
         get_preset(confirm)
         check_writable(storage)
+        output_folder(runs, "--runs")
     study, store = open_existing_study(storage, study_name)
     proxy = read_study(study, read_reruns(store, study.study_name))
     chosen = proxy.rules(rules)
@@ -127,7 +128,7 @@ def rules(
 
 
 def confirm_rules(proxy: StudyData, chosen: tuple[Rule, ...], preset: str, shapes: int, seeds: int,
-                  tokens: str | None, data: str, runs: Path, device: str | None, threads: int, storage: str) -> None:
+                  tokens: str | None, data: str, runs: str, device: str | None, threads: int, storage: str) -> None:
     """``--confirm``: check everything, print the plan and its time, then train it (module docstring)."""
     from nas.cli.rerun import check_target, open_batch, proxy_ranking, train_runs
     from nas.rerun.plan import carry_shapes

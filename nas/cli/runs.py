@@ -18,7 +18,7 @@ from nas.units import parse_size
 
 @app.command()
 def train(
-    config: Annotated[Path, typer.Option("--config", help="A shape: an ArchConfig JSON, or a `nas best --format "
+    config: Annotated[str, typer.Option("--config", help="A shape: an ArchConfig JSON, or a `nas best --format "
                                          "json` / `nas export` file (its row --rank, default the best).")],
     rank: Annotated[int | None, typer.Option("--rank", help="Which row of a leaderboard file (1 = the best).",
                                                 show_default=False)] = None,
@@ -30,7 +30,7 @@ def train(
     seed: Annotated[int, typer.Option("--seed", help="Seed of init and data order.")] = 0,
     device: Annotated[str | None, typer.Option("--device", help="auto, cpu, cuda, cuda:N or mps.",
                                                   show_default=False)] = None,
-    out: Annotated[Path | None, typer.Option("--out", help="The run's folder: checkpoints, log.jsonl, "
+    out_text: Annotated[str | None, typer.Option("--out", help="The run's folder: checkpoints, log.jsonl, "
                                                 "result.json; the same command resumes it. Default: keep "
                                                 "nothing.", show_default=False)] = None,
     checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", help="Steps between checkpoints "
@@ -53,8 +53,7 @@ def train(
 
     arch = read_arch_config(config, rank)
     target = OutputFile.of(output, "-o") if output is not None else None  # refused now, not after the training
-    if out is not None:
-        out = output_folder(out, "--out")
+    out = output_folder(out_text, "--out") if out_text is not None else None
     if checkpoint_every < 0 or micro_batch < 0 or threads < 0:
         bad = next(f"{flag} {value}" for flag, value in (("--checkpoint-every", checkpoint_every),
                                                           ("--micro-batch", micro_batch), ("--threads", threads))

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nas.errors import UsageError
-from nas.files import show
+from nas.files import reason, show
 
 MANIFEST = "nas-export.json"
 WRITTEN_BY = "prism-nas: nas export"
@@ -98,6 +98,13 @@ def _inside(path: Path, folder: Path) -> bool:
 def check_target(out: Path, force: bool, reads: Sequence[Path] = ()) -> Target:
     """``out`` as a ``Target`` that can become the model directory (module docstring); ``reads``: the files and
     folders the command reads, never replaced."""
+    try:
+        return _check_target(out, force, reads)
+    except OSError as error:  # a name too long, a folder that cannot be searched: no traceback
+        raise UsageError(f"-o {show(out)} cannot be a model directory: {reason(error)}") from None
+
+
+def _check_target(out: Path, force: bool, reads: Sequence[Path]) -> Target:
     out = Path(os.path.abspath(out))
     real = Path(os.path.realpath(out))
     if _inside(Path(os.path.realpath(os.getcwd())), real):
