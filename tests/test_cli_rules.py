@@ -91,6 +91,7 @@ def k1_hourglass_db(path: Path) -> str:
     (("--confirm", "no-such-preset"), "no-such-preset"),
     (("--confirm", "cpu"), "no more than the study's proxy (32,768)"),
     (("--confirm", "cpu-long", "--seeds", "0"), "--seeds 0 is invalid"),
+    (("--confirm", "cpu-long", "--shapes", "99999999999"), "--shapes 99999999999 is invalid: give 1-1,000"),
     (("--confirm", "cpu-long", "--shapes", "5"), "--shapes 5 is too few to check 2 rule(s)"),
     (("--confirm", "cpu-long", "--rules", "reduced_layers"), "no rule of reduced_layers is resolved at the proxy"),
     (("--rules", "log2_first_heads,no"), "unknown rule 'no'"),

@@ -89,6 +89,7 @@ def test_rerun_trains_the_best_shapes_and_the_baseline_resumes_after_a_kill_and_
 @pytest.mark.parametrize("args, says", [
     (["--top", "0"], "--top 0 is invalid"),
     (["--seeds", "0"], "--seeds 0 is invalid"),
+    (["--seeds", "100000000"], "--seeds 100000000 is invalid: give 1-1,000"),  # planned 1e8 runs in silence
     (["--nproc", "3"], "--nproc 3 does not divide the preset's global batch of 4"),
     (["--preset", "huge"], "unknown preset 'huge'"),
     (["--study-name", "nope"], "no study 'nope'"),

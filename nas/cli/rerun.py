@@ -170,6 +170,17 @@ def train_runs(batch: RerunBatch) -> None:
         raise typer.Exit(130) from None
 
 
+MAX_COUNT = 1000  # shapes or seeds a command re-runs: each is a training at a longer budget than the proxy's
+
+
+def check_counts(*given: tuple[str, int]) -> None:
+    """``UsageError`` for a count of shapes or seeds outside 1-``MAX_COUNT`` (``--seeds 100000000`` planned a
+    hundred million runs in memory before it printed anything)."""
+    for flag, value in given:
+        if not 1 <= value <= MAX_COUNT:
+            raise UsageError(f"{flag} {value} is invalid: give 1-{MAX_COUNT:,} (each is a training run)")
+
+
 def stopped(what: str, code: int, folder: Path) -> str:
     """Why a launched run ended without a result, and what helps: its own refusal (exit 2, the line above it says
     why: the same command would meet it again), or a stop that the same command resumes from the run's log."""
@@ -218,9 +229,7 @@ def rerun(
     from reports.frame import read_study
     from reports.reruns import read_reruns
 
-    for flag, value in (("--top", top), ("--seeds", seeds)):
-        if value < 1:
-            raise UsageError(f"{flag} {value} is invalid: give at least 1")
+    check_counts(("--top", top), ("--seeds", seeds))
     target = check_target(preset, tokens, data, nproc, device, compile, micro_batch, checkpoint_every, threads)
     study, _ = open_existing_study(storage, study_name)
     proxy = read_study(study)

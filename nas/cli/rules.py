@@ -130,15 +130,13 @@ def rules(
 def confirm_rules(proxy: StudyData, chosen: tuple[Rule, ...], preset: str, shapes: int, seeds: int,
                   tokens: str | None, data: str, runs: str, device: str | None, threads: int, storage: str) -> None:
     """``--confirm``: check everything, print the plan and its time, then train it (module docstring)."""
-    from nas.cli.rerun import check_target, open_batch, proxy_ranking, train_runs
+    from nas.cli.rerun import check_counts, check_target, open_batch, proxy_ranking, train_runs
     from nas.rerun.plan import carry_shapes
     from nas.stats.rule_design import design_sample
     from nas.stats.rules import MIN_SHAPE_DF
     from nas.units import format_duration
 
-    for flag, value in (("--shapes", shapes), ("--seeds", seeds)):
-        if value < 1:
-            raise UsageError(f"{flag} {value} is invalid: give at least 1")
+    check_counts(("--shapes", shapes), ("--seeds", seeds))
     if shapes < len(chosen) + MIN_SHAPE_DF:  # the longer budget's fit needs S - 1 - R >= MIN_SHAPE_DF shapes
         raise UsageError(f"--shapes {shapes} is too few to check {len(chosen)} rule(s): a rule's interval needs "
                          f"{len(chosen) + MIN_SHAPE_DF} shapes besides the baseline (or fewer --rules)")
