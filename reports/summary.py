@@ -56,13 +56,38 @@ def gain_text(data: StudyData, key: str, gain: PairedGain | None) -> str:
     return "-" if key == data.baseline_key else "no seed besides the one that selected it"
 
 
+def failures_text(data: StudyData) -> str:
+    """``3 diverged, 1 out of memory``: the trainings that ended with a result but no score; empty when none."""
+    counts = outcome_counts(data)
+    return ", ".join(f"{n} {what.removeprefix('failed (').removesuffix(')')}" for what, n in counts.items()
+                     if what.startswith("failed (") and n)
+
+
+def baseline_failed(data: StudyData) -> str | None:
+    """How the baseline's trainings ended when none of them has a score (``diverged``), else None."""
+    frame = data.frame
+    if frame.empty or data.baseline_key is None or data.baseline_key in data.scores:
+        return None
+    statuses = frame.loc[(frame["key"] == data.baseline_key) & frame["status"].notna(), "status"]
+    failed = sorted({str(s) for s in statuses if s not in ("ok", "interrupted", "unreadable")})
+    return " and ".join(failed) or None
+
+
 def lead_sentence(data: StudyData, answer: Answer) -> str:
     """The verdict and the resolution, in one short sentence (module docstring)."""
     if answer.verdict == EMPTY:
+        failed = failures_text(data)
+        if failed:  # every training ended, none with a score: not "yet"
+            return f"No shape has a score: every training that ended failed ({failed}); nothing to compare."
         return "No shape has completed a training yet: nothing to compare."
     if answer.verdict == NO_BASELINE:
-        return (f"The baseline has no completed training yet; the best shape so far is "
-                f"{shape_label(data, answer.best)}.")  # type: ignore[arg-type]
+        best = shape_label(data, answer.best)  # type: ignore[arg-type]
+        failed = baseline_failed(data)
+        if failed:
+            return f"The baseline's training {failed}, so no gain over it can be read; the best shape is {best}."
+        return f"The baseline has no completed training yet; the best shape so far is {best}."
+    if len(data.scores) == 1:  # the baseline alone: it cannot lead a comparison that has not begun
+        return "Only the baseline has completed a training: no other shape to compare with it yet."
     res = answer.resolution
     if answer.verdict == BEATS:
         gain = answer.gain
@@ -83,7 +108,7 @@ def detail_sentences(data: StudyData, answer: Answer) -> str:
     allocation limit, the tied set as a count, the board's rows above the best, the cheapest tied shape."""
     out = []
     res, limit = answer.resolution, answer.limit
-    if answer.verdict in (EMPTY, NO_BASELINE):
+    if answer.verdict in (EMPTY, NO_BASELINE) or len(data.scores) == 1:
         return ""
     if res is not None:
         bound = (f"; the allocation limit at this noise and {2 * (limit.n - 1)} replicate trials is "

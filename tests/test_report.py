@@ -124,6 +124,31 @@ def test_a_study_of_failures_only_counts_them_by_reason_and_draws_nothing():
     assert sum(page.figures.values()) == 0
 
 
+def test_the_answer_says_what_happened_when_every_training_failed_the_baseline_failed_or_only_it_trained():
+    """All diverged read 'no completed trials yet'; a diverged baseline 'has no completed training yet'; a study of the
+    baseline alone 'No shape beats the baseline ... The baseline has the lowest loss'."""
+    failed = summarise(read_study(synthetic_study(SyntheticSpec(space="prism", trials=12, failures_only=True))))
+    assert failed.sentence == ("No shape has a score: every training that ended failed (12 diverged); nothing to "
+                               "compare.")
+    alone = summarise(read_study(synthetic_study(SyntheticSpec(space="prism", preset="tiny", trials=1))))
+    assert alone.sentence == "Only the baseline has completed a training: no other shape to compare with it yet."
+    assert not alone.detail
+    study = synthetic_study(SyntheticSpec(space="prism", preset="tiny", trials=6, diverge_share=0.0, prune_share=0.0))
+    broken = optuna.create_study(study_name="baseline-diverged")
+    broken.set_user_attr("nas:identity", study.user_attrs["nas:identity"])
+    for key, value in study.user_attrs.items():
+        broken.set_user_attr(key, value)
+    baseline = study.user_attrs["nas:baseline_key"]
+    for t in study.trials:
+        if t.user_attrs.get("key") == baseline:  # every seed of it
+            attrs = {**t.user_attrs, "status": "diverged", "val_loss": None, "reason": "train loss nan at step 3"}
+            t = optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL, params=t.params,
+                                          distributions=t.distributions, user_attrs=attrs)
+        broken.add_trial(t)
+    sentence = summarise(read_study(broken)).sentence
+    assert sentence.startswith("The baseline's training diverged, so no gain over it can be read; the best shape is ")
+
+
 def test_a_study_whose_every_trial_was_pruned_draws_no_importances_and_logs_no_warning():
     """Issue 52: ``nas report`` on an all-pruned study printed Optuna's ``[W ...] Study instance does not contain
     completed trials.`` (its importances plot logs it); the section says so in its own words instead."""

@@ -69,7 +69,11 @@ def best(
         typer.echo(json.dumps(rows, indent=2))
         return
     if not rows:
-        typer.echo("no completed trials yet")
+        from reports.summary import failures_text
+
+        failed = failures_text(data)  # trainings that ended without a score are no "yet"
+        typer.echo(f"no shape has a score: every training that ended failed ({failed})" if failed else
+                   "no completed trials yet")
         return
     summary = summarise(data)
     for line in (summary.sentence, summary.detail, summary.rules_text):
