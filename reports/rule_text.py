@@ -94,22 +94,26 @@ def optimum_text(optimum: Optimum | None, rule: Rule | None = None) -> str | Non
 
 
 def u_sentence(square: Rule, answer: RuleAnswer, rules: tuple[Rule, ...] = ()) -> str | None:
-    """The width-depth U of a rule and its square: its bottom at this proxy and at each longer budget; None unless the
-    proxy resolves its curvature."""
+    """The width-depth U of a rule and its square: its bottom at this proxy and at each longer budget (or that it bends
+    down, or that its bottom cannot be placed); None unless the proxy resolves its curvature."""
     fit = answer.proxy
     if fit is None or fit.pairs.get(square.name) != square.square_of or fit.estimate(square.name).verdict != RESOLVED:
         return None
     linear = next((r for r in rules if r.name == square.square_of), None)
     bottom = optimum_text(fit.optimum(square.square_of, square.name), linear)
-    if bottom is None:
-        return None
+    curvature = fit.estimate(square.name).estimate
+    if bottom is None:  # resolved, so said (it was left out): the curve has a top, or a bottom it cannot place
+        shape = ("bends down, an inverted U: the loss is highest inside the trained range and lowest at its ends"
+                 if curvature is not None and curvature < 0 else "is a U whose bottom this study cannot place")
+    else:
+        shape = f"is a U, {bottom}"
     longer = []
     for check in answer.checks(square.name):
         other = dict(answer.budgets)[check.budget]
         there = optimum_text(other.optimum(square.square_of, square.name), linear) if other is not None else None
         longer.append(f"curvature {check.verdict} at {check.budget}" + (f", {there}" if there else ""))
     tail = "; ".join(longer) or "not yet checked at a longer budget"
-    return f"the width-depth curve is a U, {bottom} {AT_PROXY}, {runs_text(fit)}; {tail}"
+    return f"the width-depth curve {shape} {AT_PROXY}, {runs_text(fit)}; {tail}"
 
 
 def resolved_sentences(answer: RuleAnswer | None, rules: tuple[Rule, ...]) -> list[str]:

@@ -115,6 +115,23 @@ def u_columns(s: int, rng: np.random.Generator) -> list[float]:
     return [x, x * x]
 
 
+def test_a_resolved_curvature_that_bends_down_is_said_not_left_out():
+    """A resolved curvature with its curve opening downwards has no bottom: the answer's 'Resolved:' line left it
+    out although the table called it resolved."""
+    from nas.stats.answer import RuleAnswer
+    from reports.rule_text import resolved_sentences
+    from search_spaces.base import Rule
+
+    scores, covariates = planted(np.random.default_rng(3), (0.14, -0.01), tau=0.005, sigma=0.01, shapes=72,
+                                 columns=u_columns)
+    fit = fit_rules(scores, covariates, ["lin", "sq"], 3.0, squares={"sq": "lin"})
+    assert fit.estimate("sq").verdict == RESOLVED and fit.estimate("sq").estimate < 0
+    rules = (Rule("lin", "unit", "x", "raising x", 1.0, lambda a, b: 0.0),
+             Rule("sq", "unit^2", "x^2", "x^2", 1.0, lambda a, b: 0.0, square_of="lin"))
+    sentences = resolved_sentences(RuleAnswer(fit), rules)
+    assert any(s.startswith("the width-depth curve bends down, an inverted U") for s in sentences), sentences
+
+
 def test_fieller_interval_of_a_planted_u_covers_its_bottom():
     """loss = 0.01 (x - 7)^2 + ...: the bottom at x = 7 (d_model/L = 128); over 40 studies the 95 % interval covers
     it in all but a few (200 covered 0.95), and a flat curve has no bounded interval."""

@@ -69,7 +69,7 @@ def print_rules(data: StudyData, answer: Answer, rules: tuple[Rule, ...], format
             typer.echo(line)
     sentences = resolved_sentences(part, rules)
     typer.echo("")
-    typer.echo("Resolved: " + ("; ".join(s[0].upper() + s[1:] + "." for s in sentences) if sentences else
+    typer.echo("Resolved: " + (" ".join(s[0].upper() + s[1:] + "." for s in sentences) if sentences else
                                "none at this proxy (each rule's MDE above says what the study could have seen)."))
 
 
