@@ -95,8 +95,12 @@ class StudyData:
         if not rules or baseline is None:
             return None
         covariates = {key: tuple(rule.value(arch, baseline) for rule in rules) for key, arch in archs.items()}
+        # a longer budget only: re-runs at the proxy's own tokens (a plain `nas rerun --preset tiny` of a tiny
+        # study) check nothing about a rule at a longer budget, and read as if they did
+        proxy_tokens = int((self.identity.get("train") or {}).get("tokens", 0) or 0)
         budgets = () if self.reruns is None or self.reruns.empty else tuple(
-            Budget(str(label), rerun_scores(runs)) for label, runs in self.reruns.groupby("preset", sort=True))
+            Budget(str(label), rerun_scores(runs)) for label, runs in self.reruns.groupby("preset", sort=True)
+            if runs["tokens"].dropna().max() > proxy_tokens)
         squares = {rule.name: rule.square_of for rule in rules if rule.square_of}
         left_out = {"pruned": tuple(t.user_attrs["key"] for t in self.trials if counts(t)
                                     and t.state == TrialState.PRUNED and t.user_attrs.get("key") in covariates),

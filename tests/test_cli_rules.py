@@ -149,13 +149,14 @@ def test_confirm_trains_a_designed_sample_once_and_reads_the_rules_at_both_budge
     assert first.exit_code == 0, first.output
     assert "confirm at tiny: the baseline and 5 shapes spanning log2_d_over_L (resolved at the proxy: " in \
         first.stderr
-    assert first.stderr.count("training in") == 6 and "at tiny" in first.stdout
+    assert first.stderr.count("training in") == 6 and "at tiny (8,000 tokens, data builtin)" in first.stdout
     second = invoke(*args, "--format", "json")
     assert second.exit_code == 0 and "training in" not in second.stderr
     assert second.stderr.count("recorded already") == 6
     out = json.loads(second.stdout)
     (budget,) = out["fidelity"]
-    assert budget["budget"] == "tiny" and budget["shapes"] == 6 and budget["runs"] == 6
+    # labelled with its tokens: "tiny" alone read as tiny's own 4,096
+    assert budget["budget"] == "tiny (8,000 tokens, data builtin)" and budget["shapes"] == 6 and budget["runs"] == 6
     (rule,) = budget["rules"]
     assert rule["verdict"] in ("resolved", "not resolved") and rule["ci95"][0] < rule["estimate"] < rule["ci95"][1]
     assert rule["fidelity"] in ("held", "shrank", "reversed", "not resolved")  # resolved at the proxy: checked

@@ -149,6 +149,21 @@ def test_the_answer_says_what_happened_when_every_training_failed_the_baseline_f
     assert sentence.startswith("The baseline's training diverged, so no gain over it can be read; the best shape is ")
 
 
+def test_re_runs_at_the_proxys_own_tokens_are_no_longer_budget_for_the_rules():
+    """A plain `nas rerun --preset tiny` of a tiny study was read as a fidelity check of the rules."""
+    import pandas as pd
+
+    data = read_study(synthetic_study(SyntheticSpec(space="prism", preset="tiny", trials=12)))
+    tokens = data.identity["train"]["tokens"]
+    keys = list(data.scores)[:4]
+    data.reruns = pd.DataFrame([{"preset": preset, "proxy_key": key, "key": key, "seed": 0, "role": "member",
+                                 "val_loss": 3.0 + 0.01 * i, "tokens_per_s": 1.0, "mfu": 0.1, "tokens": budget}
+                                for preset, budget in (("tiny", tokens), ("tiny (8,192 tokens)", 2 * tokens))
+                                for i, key in enumerate(keys)])
+    inputs = data.rule_inputs(data.rules())
+    assert [budget.label for budget in inputs.budgets] == ["tiny (8,192 tokens)"]
+
+
 def test_a_study_whose_every_trial_was_pruned_draws_no_importances_and_logs_no_warning():
     """Issue 52: ``nas report`` on an all-pruned study printed Optuna's ``[W ...] Study instance does not contain
     completed trials.`` (its importances plot logs it); the section says so in its own words instead."""

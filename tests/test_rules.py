@@ -179,7 +179,9 @@ def test_fidelity_of_a_rule_the_proxy_did_not_resolve_is_nothing_to_check():
     assert fidelity(RuleEstimate("x", CONFOUNDED_VERDICT), estimate(0.1, 0.01)) == NOTHING_TO_CHECK
     unresolved = RuleEstimate("x", NOT_RESOLVED, 0.01, 0.01, -0.01, 0.03, 0.03, 100, 3.0)
     assert fidelity(unresolved, estimate(0.1, 0.01)) == NOTHING_TO_CHECK
-    assert fidelity(estimate(0.1, 0.01), RuleEstimate("x", CONFOUNDED_VERDICT)) == NOT_RESOLVED
+    # no estimate at the longer budget: not checked there, and why ("not resolved" said it was checked)
+    assert fidelity(estimate(0.1, 0.01), RuleEstimate("x", CONFOUNDED_VERDICT)) == "not checked (confounded)"
+    assert fidelity(estimate(0.1, 0.01), RuleEstimate("x", "too few shapes")) == "not checked (too few shapes)"
 
 
 def test_a_rule_fitted_with_its_square_is_read_as_its_slope_at_the_shapes_mean():

@@ -126,8 +126,10 @@ def open_batch(proxy: StudyData, target: Target, shapes: list[PlannedShape], see
     planned = plan_runs(shapes, seeds, runs_dir, settings)
     variant = f"{target.train.tokens:,} tokens, data {target.options.data}"
     writable = make_storage(storage)
+    plain = target.train.tokens == target.preset.train.tokens and target.options.data == "builtin"
     results = rerun_study(writable, settings, variant, {
-        "nas:proxy_preset": proxy.preset, "nas:tokens": target.train.tokens, "nas:data": target.options.data})
+        "nas:proxy_preset": proxy.preset, "nas:tokens": target.train.tokens, "nas:data": target.options.data},
+        plain=plain)
     return RerunBatch(proxy, target, planned, results, settings, writable)
 
 

@@ -19,11 +19,12 @@ from nas.study.records import RERUN_MARK, rerun_study_name
 
 
 def rerun_study(storage: optuna.storages.BaseStorage, settings: RerunSettings, variant: str,
-                attrs: dict[str, Any]) -> optuna.Study:
+                attrs: dict[str, Any], plain: bool = True) -> optuna.Study:
     """The study of the re-runs made with ``settings``: ``rerun_study_name(proxy, preset)`` for the first settings
     used at a preset, the same name and ``:<digest>`` for others (``--tokens 8k`` beside the preset's own), so
     runs of other settings are never mixed or mistaken for one another. The report names the first by its preset
-    and the others by the preset and ``variant`` (``nas:rerun_label``: what tells them apart, e.g. the tokens)."""
+    and the others by the preset and ``variant`` (``nas:rerun_label``: what tells them apart, e.g. the tokens); the
+    first too unless ``plain`` (the preset's own tokens and data)."""
     base = rerun_study_name(settings.proxy_study, settings.preset)
     existing = {s.study_name: s.user_attrs for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
     first = existing.get(base)
@@ -33,7 +34,10 @@ def rerun_study(storage: optuna.storages.BaseStorage, settings: RerunSettings, v
     if study.user_attrs.get("nas:run_settings") is None:
         study.set_user_attr(RERUN_MARK, settings.proxy_study)
         study.set_user_attr("nas:preset", settings.preset)
-        label = settings.preset if name == base else f"{settings.preset} ({variant}, settings {settings.digest[:6]})"
+        # the preset's name alone only for its own settings: `--tokens 8k` at tiny was labelled "tiny", which a
+        # reader takes for tiny's 4,096 tokens
+        label = settings.preset if name == base and plain else \
+            f"{settings.preset} ({variant}" + (")" if name == base else f", settings {settings.digest[:6]})")
         study.set_user_attr("nas:rerun_label", label)
         for key, value in attrs.items():
             study.set_user_attr(key, value)
