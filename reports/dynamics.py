@@ -27,6 +27,8 @@ from reports.summary import shape_label
 ROLE_COLOURS = {"baseline": "#d95f02", "member": "#22558c", "sampled": "#22558c", "replicate": "#1b9e77",
                 "race": "#1b9e77"}
 
+MIN_IMPORTANCE_TRIALS = 10  # completed trainings below which fANOVA's importances say nothing
+
 
 def trained_copy(data: StudyData) -> optuna.Study:
     """An in-memory study holding the trained trials only (complete, pruned, failed with a result)."""
@@ -110,6 +112,10 @@ def dynamics_section(data: StudyData) -> Section:
         if not complete:  # Optuna's plot would log a warning line of its own and draw nothing
             section.notes.append("Parameter importances: not available (no trial has completed a training: they "
                                  "were pruned or failed).")
+        elif len(complete) < MIN_IMPORTANCE_TRIALS:  # a forest of 2 trials drew "ffn_draw 0.92"
+            section.notes.append(f"Parameter importances: not drawn from {len(complete)} completed training"
+                                 f"{'s' if len(complete) > 1 else ''} (fANOVA's forest needs at least "
+                                 f"{MIN_IMPORTANCE_TRIALS} to say which parameter decided the loss).")
         else:
             _importances(section, copy, target)
         if data.multi_objective and len(complete) >= 1:

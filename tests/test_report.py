@@ -147,6 +147,20 @@ def test_the_answer_says_what_happened_when_every_training_failed_the_baseline_f
         broken.add_trial(t)
     sentence = summarise(read_study(broken)).sentence
     assert sentence.startswith("The baseline's training diverged, so no gain over it can be read; the best shape is ")
+    # the curves were titled "on common seeds" with no baseline to share a seed with
+    titles = [f.layout.title.text for f in training_section(read_study(broken)).figures]
+    assert titles and all("on each shape's own seeds: the baseline has no completed training" in t for t in titles)
+
+
+def test_importances_are_not_drawn_from_a_handful_of_trainings():
+    """fANOVA drew 'ffn_draw 0.92' from two completed trainings."""
+    from reports.dynamics import MIN_IMPORTANCE_TRIALS, dynamics_section
+
+    few = dynamics_section(read_study(synthetic_study(SyntheticSpec(space="prism", preset="tiny", trials=4,
+                                                                    diverge_share=0.0, prune_share=0.0))))
+    assert any(n.startswith("Parameter importances: not drawn from ") and f"at least {MIN_IMPORTANCE_TRIALS}" in n
+               for n in few.notes), few.notes
+    assert not any("importances" in (f.layout.title.text or "").lower() for f in few.figures)
 
 
 def test_re_runs_at_the_proxys_own_tokens_are_no_longer_budget_for_the_rules():
