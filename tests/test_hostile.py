@@ -468,6 +468,22 @@ def test_a_study_resumed_with_other_settings_names_the_setting_and_its_stored_va
     assert "data is " in line and "(the study was made on --data 'builtin';" in line, line
 
 
+def test_the_same_command_on_changed_data_says_it_starts_a_new_study_beside_the_old_one(tmp_path):
+    """The default study name hashes the data: after the file changed, the same command started a new study silently
+    (and `nas best` then asked which of two studies)."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("a corpus of my own\n" * 2000)
+    args = ["search", "--preset", "tiny", "--trials", "1", "--storage", f"sqlite:///{tmp_path / 'nas.db'}",
+            "--workers", "1", "--threads", "1", "--data", str(corpus)]
+    first = CliRunner().invoke(app, args)
+    assert first.exit_code == 0 and "a new study" not in first.stderr, first.output
+    corpus.write_text("a corpus of my own, edited\n" * 2000)
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code == 0, again.output
+    (note,) = [line for line in again.stderr.splitlines() if "a new study" in line]
+    assert "has the same options on other data (--data " in note and "give that data to resume it" in note, note
+
+
 def test_a_study_keeps_its_replicates_policy_when_resumed_with_another(tmp_path):
     first = CliRunner().invoke(app, tiny_search(tmp_path, "--replicates", "race"))
     assert first.exit_code == 0, first.output

@@ -143,6 +143,7 @@ def open_search(config: SearchConfig, worker: int = 0, create: bool = True) -> S
     space = build_space(preset.space_options(config.space),
                         defaults=preset.baseline.replace(vocab_size=data.vocab_size))
     ident = identity(config, space, train, data)
+    named = config.study_name is not None
     name = study_name(config, space, train, data)
     config = replace(config, study_name=name)
     exhaustive = space.count() <= config.trials  # a space no member fits (a budget no member matches) says so here
@@ -162,6 +163,8 @@ def open_search(config: SearchConfig, worker: int = 0, create: bool = True) -> S
         study = optuna.load_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner)
     search = Search(config, study, space, train, data, exhaustive=exhaustive, storage=storage,
                     study_id=storage.get_study_id_from_name(name), worker=worker)
+    if created and not named and worker == 0:
+        search.notes.extend(other_data_note(storage, ident, name))
     if created or unfilled(study):
         complete_study(search, ident)
     check_identity(study, ident, config)
@@ -172,6 +175,20 @@ def open_search(config: SearchConfig, worker: int = 0, create: bool = True) -> S
 
 REPLICATES_ROLES = {"race": "race", "confirm": "race", "replicate": "fixed", "adaptive": "adaptive",
                     "adaptive-confirm": "adaptive"}
+
+
+def other_data_note(storage: optuna.storages.BaseStorage, ident: dict, name: str) -> list[str]:
+    """A new default-named study beside one with the same options on other data (the data file changed, or another
+    was given): the same command then starts afresh, since the default name hashes the data, and said nothing."""
+    rest = {key: value for key, value in ident.items() if key != "data"}
+    for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
+        stored = summary.user_attrs.get("nas:identity")
+        if summary.study_name != name and isinstance(stored, dict) and stored.get("data") != ident.get("data") and \
+                {key: value for key, value in stored.items() if key != "data"} == rest:
+            made_on = summary.user_attrs.get("nas:data", "other data")
+            return [f"a new study {name!r}: the storage's {summary.study_name!r} has the same options on other data "
+                    f"(--data {made_on!r}, or that file before it changed); give that data to resume it"]
+    return []
 
 
 def unfilled(study: optuna.Study) -> bool:
