@@ -7,6 +7,7 @@ import time
 from statistics import median
 from typing import TextIO
 
+from nas.errors import printable
 from nas.study.config import display_url
 from nas.study.records import counts
 from nas.study.session import Search
@@ -77,7 +78,8 @@ class Progress:
         self.print(f"study {c.study_name!r} in {display_url(c.storage)}: {c.space.space} space of "
                    f"{search.space.count()} shapes "
                    f"({mode}); preset {c.preset} ({search.train.tokens} tokens/trial, {search.train.device}); "
-                   f"data {search.data.name} ({len(search.data.train)} train tokens); target {c.trials} trials; "
+                   f"data {printable(search.data.name)} ({len(search.data.train)} train tokens); "
+                   f"target {c.trials} trials; "
                    f"{placement_text(search.placements)}; " + self._stored_estimate(search))
         for note in search.notes:
             self.print(f"note: {note}")
