@@ -83,7 +83,7 @@ def test_rerun_trains_the_best_shapes_and_the_baseline_resumes_after_a_kill_and_
     assert third.returncode == 0 and third.stderr.count("recorded already") == 6 and "training in" not in third.stderr
     html = build_report(read_study(optuna.load_study(study_name="proxy", storage=proxy_study),
                                    read_reruns(proxy_study, "proxy")))
-    assert "preset tiny: Kendall tau" in html and "no full-scale re-runs" not in html
+    assert "preset tiny (2,560 tokens, data builtin): Kendall tau" in html and "no full-scale re-runs" not in html
 
 
 @pytest.mark.parametrize("args, says", [
