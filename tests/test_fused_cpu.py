@@ -248,11 +248,16 @@ def test_falls_back_to_pytorch_without_a_compiler(tmp_path) -> None:
 
 
 def test_falls_back_with_a_warning_when_the_build_fails(tmp_path) -> None:
+    (tmp_path / "kernels").mkdir()
+    mine = {"notes.txt": b"my notes\n", "nas.db": b"SQLite format 3\x00", "x.so.tmp.sha256": b"mine\n"}
+    for name, content in mine.items():  # the user's own files in the folder the build writes to: none may go
+        (tmp_path / "kernels" / name).write_bytes(content)
     out = _status_in_subprocess({"CC": "false", "NAS_CACHE": str(tmp_path)})  # a "compiler" that always fails
     assert out["status"].startswith("off: build or load failed"), out
     assert any("fused CPU kernels unavailable" in w for w in out["warnings"])
     # no partial library left behind (only the build's lock file, which stays: removing it would race a waiter)
-    assert [p.name for p in (tmp_path / "kernels").iterdir() if p.suffix != ".lock"] == []
+    left = {p.name: p.read_bytes() for p in (tmp_path / "kernels").iterdir() if p.suffix != ".lock"}
+    assert left == mine
 
 
 def test_the_command_line_says_the_fallback_in_one_warning_line(tmp_path) -> None:
@@ -302,8 +307,11 @@ def test_concurrent_first_uses_build_the_library_once_and_share_it(tmp_path) -> 
     # a library cut short (a full disk, a copy interrupted) ended every later process with SIGBUS: it is built again
     whole = tmp_path / "whole.so"
     shutil.copy(built[0], whole)
+    (built[0].parent / "notes.txt").write_text("my notes\n")  # the user's own: the rebuild leaves it
     with open(built[0], "r+b") as f:
         f.truncate(1000)
     again = _status_in_subprocess({"NAS_CACHE": str(tmp_path / "cache"), "CC": str(compiler), "PREBUILT": str(whole)})
     assert again["status"].startswith("on ("), again
     assert len(calls.read_text().splitlines()) == 2 and built[0].read_bytes() == whole.read_bytes()
+    assert (built[0].parent / "notes.txt").read_text() == "my notes\n"
+    assert not [p for p in built[0].parent.iterdir() if p.name.endswith(".tmp")], "a temporary file was left"

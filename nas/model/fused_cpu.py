@@ -129,15 +129,14 @@ def _build(compiler: str, target: Path) -> None:
             last = (result.stderr.strip().splitlines() or [f"exit code {result.returncode}"])[-1]
             raise RuntimeError(f"{compiler} failed: {last}")
         os.chmod(tmp, 0o755)
-        digest = _digest_path(target)
-        with open(f"{tmp}.sha256", "w") as f:
-            f.write(_digest(tmp) + "\n")
-        os.replace(f"{tmp}.sha256", digest)
+        from nas.data.cache import atomic_write
+
+        digest = _digest(tmp)
+        atomic_write(_digest_path(target), lambda f: f.write(digest + "\n"), mode="w")
         os.replace(tmp, target)
     finally:
-        for leftover in (tmp, f"{tmp}.sha256"):
-            if os.path.exists(leftover):
-                os.unlink(leftover)
+        if os.path.exists(tmp):  # mkstemp's own name: nothing else can be there
+            os.unlink(tmp)
 
 
 @contextlib.contextmanager
