@@ -253,7 +253,7 @@ def _run(arch: ArchConfig, cfg: TrainConfig, data: TokenData, options: RunOption
     pinned = device.type == "cuda"  # a copy from pageable memory waits for the device's queue
     clock = TrainClock.for_run(steps, first_step)
     for step in range(first_step, steps):
-        if step == clock.timed_from and step > first_step and device.type == "cuda":
+        if clock.steady_from(step) and device.type == "cuda":
             torch.cuda.synchronize(device)  # the warm-up steps' kernels finish before the steady steps' clock starts
         tick = time.perf_counter()
         for group in optimizer.param_groups:

@@ -289,7 +289,7 @@ def _train(model: Transformer, cfg: TrainConfig, data: TokenData, val: list, dev
         if pinned:
             x, y = x.pin_memory(), y.pin_memory()
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        if step == clock.timed_from and step > 0:
+        if clock.steady_from(step):
             _sync(device)  # CUDA: the warm-up steps' kernels finish before the steady steps' clock starts
         tick = time.perf_counter()
         if chunks == 1:

@@ -31,6 +31,11 @@ class TrainClock:
     def for_run(cls, steps: int, first: int = 0) -> TrainClock:
         return cls(first=first, timed_from=first + warmup_steps(steps - first))
 
+    def steady_from(self, step: int) -> bool:
+        """Whether ``step`` is the first steady step after a warm-up: where a device's queue is drained (CUDA) so that
+        the warm-up steps' kernels are not timed as the steady ones'."""
+        return step == self.timed_from and step > self.first
+
     def add(self, step: int, seconds: float) -> None:
         self.total_s += seconds
         if step >= self.timed_from:

@@ -91,9 +91,8 @@ def train(
         asked = re.search(r"tried to allocate (\d+ bytes|[\d.]+ ?[KMGT]?i?B)", str(error), re.IGNORECASE)
         failed = f"an allocation of {asked.group(1)} failed" if asked else str(error).strip().splitlines()[0][:160]
         raise UsageError(f"training {arch.label()} ran out of memory on {cfg.device} ({failed}): a forward of "
-                         f"{rows} sequences of "
-                         f"{cfg.seq_len} tokens needs more than this machine gives; give a smaller --micro-batch "
-                         "(the same global batch, in more passes) or a smaller shape") from None
+                         f"{rows} sequences of {cfg.seq_len} tokens needs more than this machine gives; give a "
+                         "smaller --micro-batch (the same global batch, in more passes) or a smaller shape") from None
     if not speaks:
         return
     text = json.dumps(result, indent=2, default=str)

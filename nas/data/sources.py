@@ -49,9 +49,9 @@ SEPARATOR = b"\x1c"  # ASCII "file separator" between documents; absent from ord
 VAL_MODULUS = 20  # a file is validation iff sha1(relative path) % 20 == 0: ~5% of the files
 VAL_FRACTION = 0.05  # tail of the tokens used as validation when the by-file rule cannot split
 SHARD_MAGIC = 20240520  # llm.c / modded-nanogpt token shard header
-NPY_MAGIC = b"\x93NUMPY"  # the first bytes of every .npy file (numpy.lib.format)
 SHARD_VERSION = 1
 SHARD_HEADER_INTS = 256  # int32 header: magic, version, token count, then zeros
+NPY_MAGIC = b"\x93NUMPY"  # the first bytes of every .npy file (numpy.lib.format)
 GPT2_VOCAB_PADDED = 50304  # 50257 padded up to a multiple of 64 for efficiency (modded-nanogpt)
 # Directories of the standard library that hold tests or third-party code, not the library.
 EXCLUDED_DIRS = frozenset({"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"})
@@ -240,10 +240,10 @@ def text_documents(files: list[FileEntry], skip_binary: bool) -> list[Document]:
 # --------------------------------------------------------------------------- .npy
 def load_npy(path: Path, cache: Path) -> Loaded:
     """A 1-D integer token array; the last 5% is validation; vocab = max token + 1 rounded up to 64."""
+    if path.stat().st_size and _read(path, len(NPY_MAGIC)) != NPY_MAGIC:  # np.load would try to unpickle it
+        raise UsageError(f"data file {show(path)} is not a .npy file (it does not start with numpy's header): "
+                         "save token ids with np.save(path, tokens.astype(np.uint16)), not tofile()")
     try:
-        if path.stat().st_size and _read(path, len(NPY_MAGIC)) != NPY_MAGIC:  # np.load would try to unpickle it
-            raise UsageError(f"data file {show(path)} is not a .npy file (it does not start with numpy's header): "
-                             "save token ids with np.save(path, tokens.astype(np.uint16)), not tofile()")
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
         if path.stat().st_size == 0:

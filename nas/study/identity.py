@@ -89,6 +89,19 @@ def differences(stored: Any, given: Any, path: str = "") -> list[tuple[str, Any,
     return [] if stored == given else [(path or "identity", stored, given)]
 
 
+def other_data_note(storage: optuna.storages.BaseStorage, ident: dict[str, Any], name: str) -> list[str]:
+    """A new default-named study beside one with the same options on other data (the data file changed, or another
+    was given): the same command then starts afresh, since the default name hashes the data, and said nothing."""
+    for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
+        stored = summary.user_attrs.get("nas:identity")
+        if summary.study_name != name and isinstance(stored, dict) and \
+                [path for path, _, _ in differences(stored, ident)] == ["data"]:
+            made_on = summary.user_attrs.get("nas:data", "other data")
+            return [f"a new study {name!r}: the storage's {summary.study_name!r} has the same options on other data "
+                    f"(--data {made_on!r}, or that file before it changed); give that data to resume it"]
+    return []
+
+
 def _short(value: Any) -> str:
     text = json.dumps(value, sort_keys=True, default=str) if not isinstance(value, str) else value
     return text if len(text) <= 60 else text[:57] + "..."

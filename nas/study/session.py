@@ -16,7 +16,7 @@ import optuna
 from nas.arch import ArchConfig
 from nas.data import TokenData, check_enough_tokens, load_data
 from nas.study.config import OBJECTIVES, SearchConfig
-from nas.study.identity import check_identity, identity, study_name, train_config
+from nas.study.identity import check_identity, identity, other_data_note, study_name, train_config
 from nas.study.storage import make_storage
 from runners.config import TrainConfig
 from runners.presets import get_preset
@@ -175,20 +175,6 @@ def open_search(config: SearchConfig, worker: int = 0, create: bool = True) -> S
 
 REPLICATES_ROLES = {"race": "race", "confirm": "race", "replicate": "fixed", "adaptive": "adaptive",
                     "adaptive-confirm": "adaptive"}
-
-
-def other_data_note(storage: optuna.storages.BaseStorage, ident: dict, name: str) -> list[str]:
-    """A new default-named study beside one with the same options on other data (the data file changed, or another
-    was given): the same command then starts afresh, since the default name hashes the data, and said nothing."""
-    rest = {key: value for key, value in ident.items() if key != "data"}
-    for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
-        stored = summary.user_attrs.get("nas:identity")
-        if summary.study_name != name and isinstance(stored, dict) and stored.get("data") != ident.get("data") and \
-                {key: value for key, value in stored.items() if key != "data"} == rest:
-            made_on = summary.user_attrs.get("nas:data", "other data")
-            return [f"a new study {name!r}: the storage's {summary.study_name!r} has the same options on other data "
-                    f"(--data {made_on!r}, or that file before it changed); give that data to resume it"]
-    return []
 
 
 def unfilled(study: optuna.Study) -> bool:
