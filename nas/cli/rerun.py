@@ -200,9 +200,9 @@ def rerun(
                                         "gpt2-124m).")],
     study_name: StudyOpt = None,
     storage: StorageOpt = DEFAULT_STORAGE,
-    top: Annotated[int, typer.Option("--top", help="How many of the proxy's best shapes (the baseline is "
+    top: Annotated[int, typer.Option("--top", help="How many of the proxy's best shapes, 1-1,000 (the baseline is "
                                      "always re-run).")] = 8,
-    seeds: Annotated[int, typer.Option("--seeds", help="Seeds per shape (0, 1, ...).")] = 1,
+    seeds: Annotated[int, typer.Option("--seeds", help="Seeds per shape (0, 1, ...), 1-1,000.")] = 1,
     tokens: Annotated[str | None, typer.Option("--tokens", help="Training tokens per run, e.g. 2.5B (default "
                                                "the preset's).", show_default=False)] = None,
     nproc: Annotated[int, typer.Option("--nproc", help="Processes per run: torchrun --nproc-per-node N (DDP: "

@@ -84,8 +84,9 @@ def rules(
     confirm: Annotated[str | None, typer.Option("--confirm", help="Train a designed sample of the study's shapes "
                                                 "at this preset (e.g. cpu-long) and read every rule at both budgets.",
                                                 show_default=False)] = None,
-    shapes: Annotated[int, typer.Option("--shapes", help="--confirm: shapes besides the baseline.")] = 8,
-    seeds: Annotated[int, typer.Option("--seeds", help="--confirm: common seeds per shape (0, 1, ...).")] = 2,
+    shapes: Annotated[int, typer.Option("--shapes", help="--confirm: shapes besides the baseline, up to 1,000.")] = 8,
+    seeds: Annotated[int, typer.Option("--seeds", help="--confirm: common seeds per shape (0, 1, ...), up to "
+                                       "1,000.")] = 2,
     tokens: Annotated[str | None, typer.Option("--tokens", help="--confirm: training tokens per run (default the "
                                                "preset's).", show_default=False)] = None,
     data: Annotated[str, typer.Option("--data", help="--confirm: as for nas rerun.")] = "builtin",
