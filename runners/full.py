@@ -245,7 +245,7 @@ def _run(arch: ArchConfig, cfg: TrainConfig, data: TokenData, options: RunOption
     if kernels is not None and processes.main and options.progress:
         print(f"attention (SDPA on {torch.cuda.get_device_name(device)}): {kernels}", file=sys.stderr, flush=True)
     eval_interval = max(1, cfg.eval_every // cfg.tokens_per_step)
-    status, reason, train_time, last_print = "ok", None, 0.0, 0.0
+    status, reason, last_print = "ok", None, 0.0
     first_loss = curves["train"][0][1] if curves["train"] else None
     val_loss = curves["eval"][-1][1] if curves["eval"] else math.nan
     losses = StepLosses(device)
@@ -282,8 +282,7 @@ def _run(arch: ArchConfig, cfg: TrainConfig, data: TokenData, options: RunOption
         reading = losses.due or evaluating or saving or step == first_step
         values = losses.read() if reading else []
         clock.add(step, time.perf_counter() - tick)
-        train_time = clock.total_s
-        unread.append((step, optimizer.param_groups[0]["lr"], train_time))
+        unread.append((step, optimizer.param_groups[0]["lr"], clock.total_s))
         if not reading:
             continue
         for (at, lr, elapsed), train_loss in zip(unread, values, strict=True):
@@ -300,7 +299,7 @@ def _run(arch: ArchConfig, cfg: TrainConfig, data: TokenData, options: RunOption
         if status == "diverged":
             break
         tokens, done = (step + 1) * cfg.tokens_per_step, step + 1 - first_step
-        speed = done * cfg.tokens_per_step / train_time
+        speed = done * cfg.tokens_per_step / clock.total_s
         mfu = flops * speed / (processes.world * peak)
         if evaluating:
             if step == steps - 1 and ema is not None:  # the score is the averaged weights'
@@ -314,7 +313,7 @@ def _run(arch: ArchConfig, cfg: TrainConfig, data: TokenData, options: RunOption
         if processes.main and options.progress and (time.perf_counter() - last_print >= options.progress_every_s
                                                     or step in (first_step, steps - 1)):
             last_print = time.perf_counter()
-            eta = (steps - step - 1) * train_time / done
+            eta = (steps - step - 1) * clock.total_s / done
             print(f"step {step + 1}/{steps} | loss {train_loss:.4f} | {speed:,.0f} tok/s | MFU {100 * mfu:.1f}% "
                   f"| ETA {format_duration(eta)}", file=sys.stderr, flush=True)
         if saving:

@@ -346,3 +346,26 @@ def test_a_stopping_worker_whose_storage_refuses_the_mark_says_so_in_one_line_an
     monkeypatch.setattr(storage, "set_trial_user_attr", lambda *a, **k: (_ for _ in ()).throw(ValueError("a bug")))
     with pytest.raises(ValueError, match="a bug"):  # not a storage failure: raised, not hidden
         mark_stopped(study, study.ask())
+
+
+CTRL_C_WHILE_LOADING = """
+import os, signal, sys
+import nas.study.config
+
+# a real SIGINT, delivered where a Ctrl-C lands in the first second of `nas search`: after its options are read, while
+# torch is still loading and before the command's own handler is in place
+nas.study.config.precheck = lambda config: os.kill(os.getpid(), signal.SIGINT)
+sys.argv = ["nas", "search", "--space", "prism", "--trials", "1", "--storage", sys.argv[1]]
+from nas.cli import main
+main()
+"""
+
+
+def test_ctrl_c_before_a_command_handles_it_is_one_line_and_exit_130(tmp_path):
+    database = tmp_path / "nas.db"
+    done = subprocess.run([sys.executable, "-c", CTRL_C_WHILE_LOADING, f"sqlite:///{database}"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 130, done.stderr
+    lines = done.stderr.splitlines()
+    assert lines == ["interrupted: the command stopped before it finished; run the same command again"], lines
+    assert not database.exists()  # it stopped before the search opened the storage

@@ -20,6 +20,7 @@ from nas.errors import UsageError
 from nas.files import OutputClosed
 
 USAGE_EXIT_CODE = 2
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, as a shell reports a job Ctrl-C stopped
 
 
 def print_error(message: str) -> None:
@@ -58,6 +59,15 @@ class OneLineErrors(TyperGroup):
         if not standalone_mode:
             return code
         sys.exit(code if isinstance(code, int) else 0)
+
+    def invoke(self, ctx: Any) -> Any:
+        """Run the command; a stop it does not explain itself (Ctrl-C while a read command works, or while ``nas
+        search`` still loads torch) gets one line, where the framework exits 130 without a word."""
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            typer.echo("interrupted: the command stopped before it finished; run the same command again", err=True)
+            raise typer.Exit(INTERRUPTED_EXIT_CODE) from None
 
 
 def one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,

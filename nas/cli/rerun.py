@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from nas.cli.app import app
+from nas.cli.errors import INTERRUPTED_EXIT_CODE
 from nas.cli.options import StorageOpt, StudyOpt
 from nas.errors import UsageError
 from nas.files import output_folder
@@ -169,7 +170,7 @@ def train_runs(batch: RerunBatch) -> None:
                        + (f" | ETA {format_duration(eta)}" if left > trained else ""), err=True)
     except KeyboardInterrupt:
         typer.echo("interrupted: finished runs are recorded; re-run the same command to resume", err=True)
-        raise typer.Exit(130) from None
+        raise typer.Exit(INTERRUPTED_EXIT_CODE) from None
 
 
 MAX_COUNT = 1000  # shapes or seeds a command re-runs: each is a training at a longer budget than the proxy's

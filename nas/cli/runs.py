@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from nas.cli.app import app
+from nas.cli.errors import INTERRUPTED_EXIT_CODE
 from nas.errors import UsageError
 from nas.files import OutputFile, output_folder
 from nas.units import parse_size
@@ -81,7 +82,7 @@ def train(
     except KeyboardInterrupt:
         if speaks:
             typer.echo(interrupted(out), err=True)
-        raise typer.Exit(130) from None
+        raise typer.Exit(INTERRUPTED_EXIT_CODE) from None
     except (RuntimeError, MemoryError) as error:  # past the check's lower bound (runners.memory): one line, exit 2
         from runners.device import is_out_of_memory
 

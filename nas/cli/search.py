@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from nas.cli.app import app
+from nas.cli.errors import INTERRUPTED_EXIT_CODE
 from nas.cli.options import Dtype, Pruner, Replicates, Sampler, StorageOpt, StudyOpt, plain
 from nas.cli.space import with_space_options
 from nas.errors import UsageError
@@ -172,7 +173,7 @@ def search(
     except KeyboardInterrupt:
         typer.echo("interrupted: a trial that was running is marked and re-queued; re-run the same command to resume",
                    err=True)
-        raise typer.Exit(130) from None
+        raise typer.Exit(INTERRUPTED_EXIT_CODE) from None
     for note in result.notes[progress.notes_shown:]:
         typer.echo(f"warning: {note}", err=True)
     from reports.frame import read_study
