@@ -486,3 +486,22 @@ def test_a_full_runs_stream_reads_the_whole_split_from_its_first_steps():
     starts = torch.cat([stream.step()[0][0][:, 0] for _ in range(64)]).double()  # 256 windows, 32k tokens
     deciles = np.histogram(starts.numpy(), bins=10, range=(0, len(tokens)))[0]
     assert deciles.min() >= 10  # every tenth of the split is read (an in-order stream would read 3 % of it)
+
+
+@pytest.mark.parametrize("pattern", ["**/*.txt", "*/*.txt"])
+def test_a_folder_a_glob_reaches_but_cannot_read_is_refused_not_skipped(tmp_path, cache, monkeypatch, pattern):
+    for folder in ("open", "locked"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "part.txt").write_text("some text to train on\n" * 50)
+    locked = str(tmp_path / "locked")
+    scandir = os.scandir
+
+    def unreadable(path=".", *args):  # what chmod 000 does for every user but root (the suite may run as root)
+        if os.path.abspath(path) == locked:
+            raise PermissionError(13, "Permission denied", path)
+        return scandir(path, *args)
+
+    monkeypatch.setattr(os, "scandir", unreadable)
+    message = raises_one_line(r"cannot read folder .*locked.*: permission denied", load_data,
+                              str(tmp_path / pattern), cache)
+    assert "locked" in message

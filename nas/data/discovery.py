@@ -128,10 +128,14 @@ def _glob_in(directory: str, parts: list[str], top: bool = False) -> Iterator[st
 
 
 def _entries(directory: str) -> list[os.DirEntry[str]]:
+    """The folder's entries; none of a folder gone meanwhile. A folder the pattern reaches but cannot read is refused,
+    as a folder walk refuses one: ``glob.glob`` skips it without a word, and its files would be left out of the data."""
     try:
         return list(os.scandir(directory))
-    except OSError:  # unreadable or gone: as glob, it matches nothing there
+    except (FileNotFoundError, NotADirectoryError):
         return []
+    except OSError as exc:
+        raise UsageError(f"cannot read folder {show(directory)}: {reason(exc)}") from None
 
 
 def _is_dir(entry: os.DirEntry[str]) -> bool:
