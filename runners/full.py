@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from nas.arch import ArchConfig
-from nas.data import TokenData, validation_batches
+from nas.data import TokenData, check_vocabulary, validation_batches
 from nas.errors import UsageError
 from nas.model.transformer import Transformer
 from nas.units import format_duration
@@ -185,8 +185,7 @@ def read_result(folder: Path) -> dict[str, Any] | None:
 
 def _run(arch: ArchConfig, cfg: TrainConfig, data: TokenData, options: RunOptions,
          processes: Processes) -> dict[str, Any]:
-    if arch.vocab_size < data.vocab_size:
-        raise UsageError(f"vocab_size={arch.vocab_size} is smaller than the data's vocabulary {data.vocab_size}")
+    check_vocabulary(arch.vocab_size, data)
     if cfg.score_evals > 1:
         raise UsageError(f"score_evals={cfg.score_evals}: a full-scale run is scored by its final evaluation; use 1")
     identity = run_identity(arch, cfg, data)

@@ -22,8 +22,7 @@ from collections.abc import Callable
 import torch
 
 from nas.arch import ArchConfig
-from nas.data.loading import BatchSampler, TokenData, check_enough_tokens, validation_batches
-from nas.errors import UsageError
+from nas.data.loading import BatchSampler, TokenData, check_enough_tokens, check_vocabulary, validation_batches
 from nas.model.transformer import Transformer
 from runners.attention_distance import AttentionDistance
 from runners.config import TrainConfig
@@ -189,8 +188,7 @@ def run(arch: ArchConfig, cfg: TrainConfig, data: TokenData, report: ReportFn | 
     memory gives ``oom``. Other exceptions propagate: they are bugs, not results.
     """
     started = time.perf_counter()
-    if arch.vocab_size < data.vocab_size:
-        raise UsageError(f"vocab_size={arch.vocab_size} is smaller than the data's vocabulary {data.vocab_size}")
+    check_vocabulary(arch.vocab_size, data)
     check_enough_tokens(data, cfg.batch_size, cfg.seq_len)
     device = resolve_device(cfg.device)
     configure_threads(cfg.threads, compiling=cfg.compile)  # on a GPU too: see configure_threads

@@ -107,7 +107,10 @@ def heads_error(heads: int, d_model: int) -> str | None:
     if heads >= 1 and d_model % heads == 0:
         return None
     valid = [h for h in range(1, min(d_model, max(2 * heads, 12)) + 1) if d_model % h == 0]
-    return f"{heads} does not divide d_model={d_model}; divisors ≤ {valid[-1]} are {','.join(map(str, valid))}"
+    listed = f"divisors ≤ {valid[-1]} are {','.join(map(str, valid))}"
+    if heads < 1:  # "0 does not divide" is true of every width and says nothing
+        return f"{heads} heads is not a head count: give at least 1 (d_model={d_model}: {listed})"
+    return f"{heads} does not divide d_model={d_model}; {listed}"
 
 
 def check_heads(heads: int, d_model: int) -> None:

@@ -48,7 +48,7 @@ from nas.data.sources import (
 from nas.errors import UsageError
 from nas.files import kind_of, show, stat_path, user_path
 
-__all__ = ["TokenData", "load_data", "BatchSampler", "validation_batches", "check_enough_tokens"]
+__all__ = ["TokenData", "load_data", "BatchSampler", "validation_batches", "check_enough_tokens", "check_vocabulary"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -152,6 +152,13 @@ def check_enough_tokens(data: TokenData, batch_size: int, seq_len: int) -> None:
             raise UsageError(
                 f"data {data.name!r} has {len(tokens)} {split} tokens; one batch of {batch_size}x{seq_len} needs {need}"
             )
+
+
+def check_vocabulary(vocab_size: int, data: TokenData) -> None:
+    """``UsageError`` unless an embedding of ``vocab_size`` rows holds every token id the data can hold."""
+    if vocab_size < data.vocab_size:
+        raise UsageError(f"vocab_size={vocab_size} is smaller than the data's vocabulary {data.vocab_size}; "
+                         f"give at least {data.vocab_size}")
 
 
 def _windows(tokens: Any, starts: Any, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:

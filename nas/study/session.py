@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 import optuna
 
 from nas.arch import ArchConfig
-from nas.data import TokenData, check_enough_tokens, load_data
+from nas.data import TokenData, check_enough_tokens, check_vocabulary, load_data
 from nas.study.config import OBJECTIVES, SearchConfig
 from nas.study.identity import check_identity, identity, other_data_note, study_name, train_config
 from nas.study.storage import make_storage
@@ -142,6 +142,7 @@ def open_search(config: SearchConfig, worker: int = 0, create: bool = True) -> S
     check_enough_tokens(data, train.batch_size, train.seq_len)  # before the storage is touched
     space = build_space(preset.space_options(config.space),
                         defaults=preset.baseline.replace(vocab_size=data.vocab_size))
+    check_vocabulary(space.baseline().vocab_size, data)  # a --vocab below the data's: before the study is made
     ident = identity(config, space, train, data)
     named = config.study_name is not None
     name = study_name(config, space, train, data)
