@@ -3,8 +3,8 @@
 ``nas rerun`` writes each target preset's runs into a study of its own in the same storage,
 named ``rerun_study_name(proxy study, preset)`` and marked with the study user attr
 ``nas:rerun_of``; each completed run carries ``proxy_key`` (the shape at the proxy) and ``seed``.
-Kendall tau compares the shapes' mean proxy loss with their mean full-scale loss; its interval
-is a bootstrap over seeds on both sides (``nas.stats.comparisons.kendall_tau``).
+Kendall tau compares the shapes' proxy ranks (the leaderboard's) with their mean full-scale loss; its
+interval is a bootstrap over the re-runs' seeds (``nas.stats.comparisons.kendall_tau``).
 """
 
 from __future__ import annotations
@@ -65,6 +65,11 @@ def held_text(data: StudyData, runs: pd.DataFrame, preset: str) -> str:
             f"CI [{gain.low_pct:+.2f}, {gain.high_pct:+.2f}], {gain.n} paired seeds): the proxy's gain {verdict}")
 
 
+def board_ranks(data: StudyData) -> dict[str, int]:
+    """Each shape's rank on the study's leaderboard (1 best; the shrunk ranking ``nas best`` prints)."""
+    return {} if data.board.empty else {str(key): int(rank) for key, rank in zip(data.board["key"], data.board["rank"])}
+
+
 def reruns_section(data: StudyData) -> Section:
     section = Section("reruns", "Full-scale re-runs",
                       "Read off whether the proxy's ranking held when the best shapes and the baseline were trained "
@@ -77,9 +82,9 @@ def reruns_section(data: StudyData) -> Section:
     for preset, runs in data.reruns.groupby("preset", sort=True):
         full = {key: list(group["val_loss"]) for key, group in runs.groupby("proxy_key")}
         proxy = {key: list(data.scores[key].losses) for key in full if key in data.scores}
-        agreement = kendall_tau(proxy, full)
-        board_rank = dict(zip(data.board["key"], data.board["rank"])) if not data.board.empty else {}
-        proxy_rank = {key: int(board_rank[key]) for key in proxy if key in board_rank}  # the board's (shrunk) rank
+        board_rank = board_ranks(data)
+        proxy_rank = {key: board_rank[key] for key in proxy if key in board_rank}  # the board's (shrunk) rank
+        agreement = kendall_tau(proxy_rank, full)
         full_rank = {key: i for i, key in enumerate(sorted(full, key=lambda k: fmean(full[k])), start=1)}
         rows = [{"shape": shape_label(data, key) + (" (baseline)" if key == data.baseline_key else ""),
                  "proxy rank": proxy_rank.get(key), "proxy mean loss": fmean(proxy[key]) if key in proxy else None,
@@ -87,9 +92,7 @@ def reruns_section(data: StudyData) -> Section:
                  "tokens/s": fmean(runs[runs["proxy_key"] == key]["tokens_per_s"].dropna())
                  if runs[runs["proxy_key"] == key]["tokens_per_s"].notna().any() else None}
                 for key in sorted(full, key=lambda k: full_rank[k])]
-        verdict = (f"preset {preset}: Kendall tau {agreement.tau:+.2f} ({agreement.interval_text()}, "
-                   f"{agreement.n_shapes} shapes); "
-                   f"top-{agreement.top_k} overlap {agreement.top_overlap} of {agreement.top_k}"
+        verdict = (f"preset {preset}: {agreement.text()}"
                    if agreement else f"preset {preset}: fewer than 2 shapes with both proxy and full results")
         verdict += "; " + held_text(data, runs, preset)
         formats = {"proxy mean loss": "{:.4f}", "full mean loss": "{:.4f}", "tokens/s": "{:,.0f}"}

@@ -63,19 +63,32 @@ def test_tied_set_keeps_what_cannot_be_told_from_the_best_and_drops_clearly_wors
     assert tied[0] == "best" and "close" in tied and "worse" not in tied and "much" not in tied
 
 
-def test_kendall_tau_and_its_bootstrap_interval():
-    proxy = {k: [v + 0.01 * i for i in range(3)] for k, v in zip("abcdef", (1, 2, 3, 4, 5, 6))}
-    same = kendall_tau(proxy, {k: [v[0] * 10] for k, v in proxy.items()})
+def test_kendall_tau_and_its_bootstrap_interval_over_the_reruns_seeds():
+    ranks = {k: r for r, k in enumerate("abcdef", start=1)}
+    full = {k: [r + 0.01 * i for i in range(3)] for k, r in ranks.items()}
+    same = kendall_tau(ranks, full)
     assert same.tau == pytest.approx(1.0) and same.low == pytest.approx(1.0) and same.top_overlap == 3
-    reversed_ = kendall_tau(proxy, {k: [-v[0]] for k, v in proxy.items()})
+    assert same.text() == ("Kendall tau +1.00 (95 % bootstrap interval [+1.00, +1.00] over the re-runs' seeds, "
+                           "6 shapes); top-3 overlap 3 of 3")
+    reversed_ = kendall_tau(ranks, {k: [-v for v in losses] for k, losses in full.items()})
     assert reversed_.tau == pytest.approx(-1.0) and reversed_.top_overlap == 0
-    noisy = kendall_tau({k: [v[0] + e for e in (-2, 0, 2)] for k, v in proxy.items()}, proxy)
+    noisy = kendall_tau(ranks, {k: [r + e for e in (-2, 0, 2)] for k, r in ranks.items()})
     assert noisy.low < noisy.tau <= noisy.high and noisy.high - noisy.low > 0.3  # seeds this noisy: a wide interval
-    assert kendall_tau({"a": [1.0]}, {"a": [2.0]}) is None
-    # one seed a shape on both sides: nothing to resample; the interval was [tau, tau], as if certain
-    single = kendall_tau({k: [v[0]] for k, v in proxy.items()}, {k: [v[0] * 10] for k, v in proxy.items()})
+    assert kendall_tau({"a": 1}, {"a": [2.0]}) is None
+    # one seed a shape: nothing to resample; the interval was [tau, tau], as if certain
+    single = kendall_tau(ranks, {k: [float(r)] for k, r in ranks.items()})
     assert single.tau == pytest.approx(1.0) and single.low is None and single.high is None
-    assert single.interval_text().startswith("no interval: one seed a shape")
+    assert single.interval_text().startswith("no interval: one re-run seed a shape")
+
+
+def test_kendall_tau_reads_the_ranks_it_is_given_and_no_overlap_where_every_shape_is_in_the_top_k():
+    # the leaderboard put the baseline first, the re-run put it last: tau -0.33 against the printed ranks (the proxy's
+    # raw mean losses, the baseline's over 8 seeds and the others' over 2 other seeds, had read +1.00)
+    agreement = kendall_tau({"base": 1, "x": 2, "y": 3}, {"base": [2.733, 2.733], "x": [2.698, 2.698],
+                                                          "y": [2.716, 2.716]})
+    assert agreement.tau == pytest.approx(-1 / 3)
+    # "top-3 overlap 3" of 3 shapes said nothing
+    assert agreement.top_overlap is None and agreement.text().endswith("3 shapes)")
 
 
 @pytest.mark.parametrize("optimum", [40.0, 150.0])

@@ -230,7 +230,7 @@ def rerun(
     from nas.stats.comparisons import kendall_tau
     from nas.study.storage import open_existing_study
     from reports.frame import read_study
-    from reports.reruns import read_reruns
+    from reports.reruns import board_ranks, read_reruns
 
     check_counts(("--top", top), ("--seeds", seeds))
     target = check_target(preset, tokens, data, nproc, device, compile, micro_batch, checkpoint_every, threads)
@@ -246,11 +246,9 @@ def rerun(
     label = batch.results.user_attrs["nas:rerun_label"]
     full = {} if reruns is None else {
         key: list(group["val_loss"]) for key, group in reruns[reruns["preset"] == label].groupby("proxy_key")}
-    agreement = kendall_tau({k: list(proxy.scores[k].losses) for k in full if k in proxy.scores}, full)
+    agreement = kendall_tau(board_ranks(proxy), full)
     if agreement is not None:
-        typer.echo(f"proxy -> {label}: Kendall tau {agreement.tau:+.2f} ({agreement.interval_text()}, "
-                   f"{agreement.n_shapes} shapes); top-"
-                   f"{agreement.top_k} overlap {agreement.top_overlap}", err=True)
+        typer.echo(f"proxy -> {label}: {agreement.text()}", err=True)
     typer.echo(f"done. Next: nas report --study-name {shlex.quote(proxy.name)} --storage "
                f"{shlex.quote(display_url(storage))} -o report.html",
                err=True)
