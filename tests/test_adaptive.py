@@ -128,6 +128,13 @@ def test_before_the_noise_can_be_estimated_the_warm_up_shapes_come_first():
     assert order == [BASE, "a", "b", "d", "c"] and role == "adaptive"
 
 
+def test_with_more_workers_than_members_a_worker_that_finds_no_score_yet_trains_the_baseline():
+    # a 3-member space, 4 workers: the walk's three trainings are all in flight when the fourth plans (it raised
+    # "min() arg is an empty sequence" and stopped the search)
+    trained: dict[str, set[int]] = {BASE: {0}, "a": {0}, "b": {0}}
+    assert next_shape({}, BASE, 0, trained) == (BASE, "adaptive")
+
+
 def test_the_baseline_keeps_pace_with_the_pick_on_the_picks_seeds():
     """The answer compares the pick with the baseline: once past the warm-up, the baseline trains whenever it has
     fewer seeds (in flight included) than the pick, on the lowest seeds the pick has and it lacks (common seeds).

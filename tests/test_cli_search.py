@@ -63,6 +63,9 @@ def one_line_error(result) -> str:
     (["--heads", "0"], "0 heads is not a head count: give at least 1 (d_model=32: divisors ≤ 8 are 1,2,4,8)"),
     # below the data's 256 byte ids: refused before the study is made (it was made, and each worker failed on it)
     (["--vocab", "100"], "vocab_size=100 is smaller than the data's vocabulary 256; give at least 256"),
+    # a space of the baseline alone: refused (the search's planner raised a traceback, leaving the baseline WAITING)
+    (["--layers", "1"], "the prism space of these options holds only the baseline: no shape to compare it with"),
+    (["--space", "hourglass", "--k-values", "1000"], "the hourglass space of these options holds only the baseline"),
 ])
 def test_search_with_a_bad_option_value_prints_one_line_and_exits_2(tmp_path, monkeypatch, args, says):
     monkeypatch.chdir(tmp_path)

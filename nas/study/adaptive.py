@@ -135,7 +135,8 @@ def next_shape(scores: dict[str, ShapeScores], baseline: str, base_seed: int,
     state = adaptive_state(scores, baseline, base_seed, PLANNING_DRAWS, plug_in=True)
     pending = {k: len(seeds - set(scores[k].seeds)) for k, seeds in trained.items() if k in scores}
     if not state.estimable:  # the warm-up is in flight: the shape with the fewest seeds among its shapes
-        return min(warmup_shapes(scores, baseline), key=lambda k: len(trained.get(k, ()))), "adaptive"
+        warmup = warmup_shapes(scores, baseline)  # empty while no shape has a score (more workers than members)
+        return min(warmup or (baseline,), key=lambda k: len(trained.get(k, ()))), "adaptive"
     subject = sentence_subject(state, baseline)
     if state.settled and state.pick is not None:
         pair = [k for k in (subject or state.pick, baseline) if k in scores]

@@ -15,6 +15,7 @@ import optuna
 
 from nas.arch import ArchConfig
 from nas.data import TokenData, check_enough_tokens, check_vocabulary, load_data
+from nas.errors import UsageError
 from nas.study.config import OBJECTIVES, SearchConfig
 from nas.study.identity import check_identity, identity, other_data_note, study_name, train_config
 from nas.study.storage import make_storage
@@ -143,6 +144,9 @@ def open_search(config: SearchConfig, worker: int = 0, create: bool = True) -> S
     space = build_space(preset.space_options(config.space),
                         defaults=preset.baseline.replace(vocab_size=data.vocab_size))
     check_vocabulary(space.baseline().vocab_size, data)  # a --vocab below the data's: before the study is made
+    if space.count() < 2:  # the walk, the replicates and every answer compare shapes with the baseline
+        raise UsageError(f"the {space.name} space of these options holds only the baseline: no shape to compare it "
+                         f"with; `nas space list --space {space.name}` with the same options says why")
     ident = identity(config, space, train, data)
     named = config.study_name is not None
     name = study_name(config, space, train, data)
