@@ -5,6 +5,7 @@ the storage, no child launched. Fast: a study made without training (``benchmark
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import optuna
@@ -78,3 +79,45 @@ def test_a_shape_the_machine_cannot_train_at_the_target_is_refused_before_anythi
     line = refused(study, tmp_path, "--preset", "tiny", "--nproc", "2")
     assert "preset tiny: training rank " in line and " x 2 processes (" in line
     assert line.endswith("but this machine has available 1.0 MB: give a smaller shape")
+
+
+def last_line_error(result) -> str:
+    """The refusal that ends a re-run's output (after its progress lines), and no traceback."""
+    assert "Traceback" not in result.output and result.exception is None or isinstance(result.exception, SystemExit)
+    line = result.stderr.splitlines()[-1]
+    assert line.startswith("error: "), result.stderr
+    return line
+
+
+def test_a_run_folder_whose_arch_json_was_edited_is_refused_not_trained_under_the_planned_shape(study, tmp_path,
+                                                                                               monkeypatch):
+    """The re-run passed an existing ``arch.json`` to ``nas train`` unchecked and recorded what it trained under the
+    planned shape: a file edited by hand trained one shape and stored it as another."""
+    import nas.rerun.launch
+
+    launched: list[list[str]] = []
+
+    class StoppedChild:  # a child that stops at once, as an interrupted run does: its folder stays for a resume
+        def __init__(self, command: list[str], **_: object) -> None:
+            launched.append(command)
+
+        def wait(self) -> int:
+            return 1
+
+    monkeypatch.setattr(nas.rerun.launch.subprocess, "Popen", StoppedChild)
+    args = ["rerun", "--storage", study, "--runs", str(tmp_path / "runs"), "--preset", "tiny", "--top", "1"]
+    first = CliRunner().invoke(app, args)
+    assert "stopped with exit code 1" in first.stderr and len(launched) == 1, first.output
+    (config,) = (tmp_path / "runs").rglob("arch.json")
+    planned = json.loads(config.read_text())
+    config.write_text(json.dumps({**planned, "heads": [2, 2, 4, 4]}))
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code == 2 and len(launched) == 1, again.output  # nothing launched the second time
+    line = last_line_error(again)
+    assert f"run folder '{config.parent}' holds arch.json of h=2x2,4x2 K1x88 d32 L4, not the planned shape " \
+           "h=4x4 K1x88 d32 L4: edited or replaced by hand? Delete the folder to train the planned shape again" in line
+    config.write_text("{not json")
+    assert "holds an arch.json that cannot be read (" in last_line_error(CliRunner().invoke(app, args))
+    config.write_text(json.dumps(planned))  # the file as the re-run wrote it: the run goes on
+    CliRunner().invoke(app, args)
+    assert len(launched) == 2

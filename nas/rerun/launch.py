@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nas.arch import ArchConfig
+from nas.errors import UsageError
 from nas.rerun.plan import PlannedRun
 from runners.distributed import die_with_parent
 from runners.full import read_result
@@ -78,6 +80,21 @@ def stop_quietly(child: subprocess.Popen) -> None:
     child.wait()
 
 
+def check_carried_shape(run: PlannedRun, config: Path) -> None:
+    """``UsageError`` unless the run folder's ``arch.json`` is the shape planned for it: the run is recorded under
+    the planned shape, so a file edited (or replaced) by hand would train one shape and store it as another."""
+    try:
+        held = ArchConfig.from_json(config.read_text())
+    except (OSError, UnicodeDecodeError, ValueError, TypeError) as error:  # UsageError is a ValueError
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise UsageError(f"run folder '{run.folder}' holds an arch.json that cannot be read ({reason}); delete the "
+                         f"folder to train the planned shape {run.target.label()} again") from None
+    if held != run.target:
+        raise UsageError(f"run folder '{run.folder}' holds arch.json of {held.label()}, not the planned shape "
+                         f"{run.target.label()}: edited or replaced by hand? Delete the folder to train the planned "
+                         "shape again")
+
+
 def launch(run: PlannedRun, options: LaunchOptions) -> tuple[int, dict[str, Any] | None]:
     """Train ``run`` to its end (resuming its checkpoint if it has one): (exit code, its result or None).
 
@@ -86,7 +103,9 @@ def launch(run: PlannedRun, options: LaunchOptions) -> tuple[int, dict[str, Any]
     (``stop_quietly``) instead of printing its own ``KeyboardInterrupt`` traceback."""
     run.folder.mkdir(parents=True, exist_ok=True)
     config = run.folder / "arch.json"
-    if not config.exists():
+    if config.exists():
+        check_carried_shape(run, config)
+    else:
         config.write_text(run.target.to_json())
     with open(run.folder / "stdout.json", "w") as stdout:
         child = subprocess.Popen(train_command(run, options), stdout=stdout, preexec_fn=die_with_parent,
