@@ -45,7 +45,14 @@ def runs_text(fit: RuleFit) -> str:
 
 
 def spread_text(fit: RuleFit) -> str:
-    """The variance components as a reader may take them: apart when some shape has two runs, else together."""
+    """The variance components as a reader may take them: apart when some shape has two runs, else together; the
+    shapes' spread not at all where too few shapes are left beside the rules (``RuleFit.spread_read``)."""
+    if not fit.spread_read:
+        more = MIN_SHAPE_DF - fit.shape_df
+        unread = (f"the shapes' spread beyond the rules not read ({fit.shapes} shapes for {len(fit.fitted)} "
+                  f"rule{'s' if len(fit.fitted) != 1 else ''} and the intercept: {more} more "
+                  f"shape{'s' if more != 1 else ''} would read it)")
+        return unread + (f", run sd {fit.sigma:.3f} nats" if fit.runs > fit.shapes else "")
     if fit.runs > fit.shapes:
         return f"shape sd beyond the rules {fit.tau:.3f} nats, run sd {fit.sigma:.3f}"
     return (f"one run a shape: the shapes' deviation and a run's luck read together, sd "
@@ -159,8 +166,10 @@ def fit_json(fit: RuleFit | None, rules: tuple[Rule, ...]) -> dict[str, object]:
                                "inside_the_trained_range": optimum.inside,
                                "trained_range": [2 ** optimum.lowest, 2 ** optimum.highest]})
     separable = fit.runs > fit.shapes  # one run a shape: only tau^2 + sigma^2 is identified
-    return {"runs": fit.runs, "shapes": fit.shapes, "seeds": fit.seeds, "tau": fit.tau if separable else None,
-            "sigma": fit.sigma if separable else None, "sd_shape_and_run": math.hypot(fit.tau, fit.sigma),
+    read = fit.spread_read  # too few shapes beside the rules: tau is the prior's, not the data's
+    return {"runs": fit.runs, "shapes": fit.shapes, "seeds": fit.seeds, "shape_df": fit.shape_df,
+            "tau": fit.tau if separable and read else None, "sigma": fit.sigma if separable else None,
+            "sd_shape_and_run": math.hypot(fit.tau, fit.sigma) if read else None,
             "baseline_loss": fit.baseline_loss, "rules": [estimate_json(r, fit.estimate(r.name)) for r in rules],
             "optimum": optima}
 

@@ -238,6 +238,24 @@ def test_a_rule_read_from_too_few_shapes_gets_no_number():
     assert fit_rules(scores, covariates, ["a", "b"], 3.0).estimate("a").estimated  # 7 - 1 - 2 = 4
 
 
+def test_the_shapes_spread_beyond_the_rules_is_not_stated_where_too_few_shapes_leave_it_unread():
+    """3 shapes, 2 rules: no shape degree of freedom is left, and ``nas rules`` printed "shape sd beyond the rules
+    0.885 nats" for shapes whose means lie within 0.05 nats (0.000 for nearly the same runs)."""
+    from reports.rule_text import fit_json, spread_text
+
+    for shapes, read in ((3, False), (6, False), (7, True)):
+        scores, covariates = planted(np.random.default_rng(1), (0.02, -0.03), tau=0.02, sigma=0.05, shapes=shapes)
+        fit = fit_rules(scores, covariates, ["a", "b"], 3.0)
+        assert fit.spread_read is read and fit.shape_df == shapes - 3
+        text, numbers = spread_text(fit), fit_json(fit, ())
+        assert ("shape sd beyond the rules" in text) is read and ("tau" in text) is False
+        assert (numbers["tau"] is None and numbers["sd_shape_and_run"] is None) is not read
+        if not read:
+            more = {3: "4 more shapes", 6: "1 more shape"}[shapes]
+            assert text.startswith(f"the shapes' spread beyond the rules not read ({shapes} shapes for 2 rules and the "
+                                   f"intercept: {more} would read it)")
+
+
 def test_as_many_rules_as_shapes_is_too_few_shapes_for_each_not_confounded_and_none_gets_a_number():
     """8 shapes, 7 rules: every column is a combination of the others, which the fit called "confounded" for six of
     them and then gave the seventh an interval from a model without them."""

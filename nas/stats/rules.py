@@ -139,6 +139,17 @@ class RuleFit:
     centres: dict[str, float] = field(default_factory=dict)  # a square rule -> the value its square is centred at
     pairs: dict[str, str] = field(default_factory=dict)  # a square rule -> its rule, for the pairs read as a U
 
+    @property
+    def shape_df(self) -> int:
+        """The shapes' degrees of freedom besides the fitted rules and the intercept: ``S - 1 - R``."""
+        return self.shapes - 1 - len(self.fitted)
+
+    @property
+    def spread_read(self) -> bool:
+        """Whether ``tau`` is the data's: below ``MIN_SHAPE_DF`` the shapes' spread beyond the rules is the prior's
+        (with none left, any value fits), as every rule's interval is."""
+        return self.shape_df >= MIN_SHAPE_DF
+
     def design_value(self, key: str, name: str) -> float:
         """A shape's value of a rule as the model read it: a square rule's is ``(x - c)^2`` (``fit_rules``)."""
         row = self.covariates[key]
