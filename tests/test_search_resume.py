@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import threading
 import time
@@ -120,10 +121,39 @@ def test_a_killed_trial_found_stale_after_the_rerun_planned_more_work_is_still_r
     assert_walked_every_member_once(trials)
     (retry,) = retries_of(trials, victim.number)
     assert counts(retry) and key_seed(retry) == key_seed(trials[victim.number])
-    assert "status" not in trials[victim.number].user_attrs  # failed by the heartbeat check, not at the start
+    # failed by the heartbeat check (at the start or later), not as orphaned, and it says why
+    assert trials[victim.number].user_attrs["reason"] == nas.study.recovery.STALE_REASON
     # alone: the next member first, then the retry; on a loaded machine the grace period may already have passed
     # when the re-run starts, and the retry comes first. Either way this re-run trained the killed shape.
     assert retry.number in [e.number for e in events] and len(events) <= 2
+
+
+def test_a_trial_whose_heartbeat_stopped_before_the_search_started_is_failed_with_its_reason_and_said(tmp_path,
+                                                                                                     one_thread):
+    """Where another search of the storage is alive (another machine; a database server keeps no lock at all), a
+    trial a killed worker left is failed by its stale heartbeat: Optuna's check failed it without a status or a
+    reason, and the resumed search said nothing of it."""
+    storage = sqlite_url(tmp_path / "stale.db")
+    config = SearchConfig(space=SpaceOptions(space="prism"), preset="tiny", storage=storage, study_name="stale",
+                          trials=1, heartbeat_interval=1)
+    run_search(config)  # the baseline
+    study = optuna.load_study(study_name="stale", storage=storage)
+    left = study.ask()  # a worker took a member, beat once, and was killed
+    left.set_user_attr("key", MEMBERS[1])
+    left.set_user_attr("seed", 0)
+    study._storage.record_heartbeat(left._trial_id)
+    time.sleep(3.5)  # past the grace period, 3 heartbeats
+    with lease(storage) as other_search:
+        assert other_search.held
+        search = run_search(dataclasses.replace(config, trials=2))
+    assert "1 trial whose heartbeat had stopped (a worker killed, or cut off from the storage) was failed and " \
+           "re-queued" in search.notes
+    trials = load_trials(storage, "stale")
+    failed = trials[left.number]
+    assert failed.state == TrialState.FAIL and failed.user_attrs["status"] == "abandoned"
+    assert failed.user_attrs["reason"] == nas.study.recovery.STALE_REASON
+    (retry,) = retries_of(trials, left.number)
+    assert counts(retry) and key_seed(retry) == (MEMBERS[1], 0)
 
 
 def test_ctrl_c_marks_the_running_trial_interrupted_requeues_it_and_exits_130(tmp_path):

@@ -338,10 +338,11 @@ def test_a_stopping_worker_whose_storage_refuses_the_mark_says_so_in_one_line_an
     monkeypatch.setattr(storage, "set_trial_user_attr", real)
     assert study.get_trials(deepcopy=False)[0].state == TrialState.RUNNING
     time.sleep(2.5)  # past the grace period: the next run's stale check
-    fail_stale(study)
+    assert fail_stale(study, storage, study._study_id) == 1
     trials = study.get_trials(deepcopy=False)
-    assert trials[0].state == TrialState.FAIL
-    assert [t.user_attrs.get("key") for t in trials if t.state == TrialState.WAITING] == ["shape-a"]
+    assert trials[0].state == TrialState.FAIL  # with its reason (Optuna's own check failed it without one)
+    assert trials[0].user_attrs["status"] == "abandoned" and "its heartbeat stopped" in trials[0].user_attrs["reason"]
+    assert [t.user_attrs for t in trials if t.state == TrialState.WAITING] == [{"key": "shape-a"}]
 
     monkeypatch.setattr(storage, "set_trial_user_attr", lambda *a, **k: (_ for _ in ()).throw(ValueError("a bug")))
     with pytest.raises(ValueError, match="a bug"):  # not a storage failure: raised, not hidden

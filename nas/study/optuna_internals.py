@@ -15,6 +15,8 @@ version these were written against, 5.x, which CI installs):
   write lock nor a pending statement (a query executed, its rows never read) whose WAL snapshot outlives the
   rollback, on which every later ``BEGIN IMMEDIATE`` answers "database is locked" at once once another worker
   has committed. No public API reaches the session or the engine.
+- ``stale_trial_ids``: ``RDBStorage._get_stale_trial_ids``, the trials ``fail_stale_trials`` would fail: the public
+  function fails them without a word, where each failed trial here records why (``nas.study.recovery.fail_stale``).
 - ``schema_revisions``: the table-schema revisions this Optuna knows (its alembic scripts, which
   ``RDBStorage`` reads through its private ``_VersionManager``): a storage made by another Optuna is
   refused before anything opens it for writing (switching a file to WAL already changes its header).
@@ -110,6 +112,17 @@ def write_user_attrs(storage: optuna.storages.BaseStorage, trial_id: int, attrs:
         backend.check_trial_is_updatable(trial_id, state)
         session.execute(statement)
     return True
+
+
+def stale_trial_ids(storage: optuna.storages.BaseStorage, study_id: int) -> list[int]:
+    """RUNNING trials whose heartbeat is older than the storage's grace period: what
+    ``optuna.storages.fail_stale_trials`` fails, read through ``RDBStorage._get_stale_trial_ids`` so that each one
+    can carry its status and reason before it is failed (the public function fails them with neither). ``[]`` where
+    the storage keeps no heartbeats."""
+    backend = _rdb(storage)
+    if backend is None or backend.get_heartbeat_interval() is None:
+        return []
+    return list(backend._get_stale_trial_ids(study_id))
 
 
 def unbeaten_trial_ids(storage: optuna.storages.BaseStorage, study_id: int, older_than_s: float) -> list[int]:

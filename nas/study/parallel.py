@@ -25,7 +25,7 @@ from nas.errors import UsageError
 from nas.study.config import SearchConfig
 from nas.study.liveness import alone
 from nas.study.placement import Placement, apply_placement, cpu_cores, gpu_count, plan_placements, resolve_workers
-from nas.study.recovery import fail_orphaned
+from nas.study.recovery import fail_orphaned, fail_stale
 from nas.study.session import Search, open_search
 from nas.study.signals import STOP_SIGNALS, Terminated, interruptible, raise_if_stopped
 from nas.study.trial import POLL_S
@@ -214,6 +214,10 @@ def requeue_orphans(search: Search) -> None:
     if orphans:
         search.notes.append(f"{orphans} trial{'s' if orphans > 1 else ''} left running by a search that is gone "
                             f"{'were' if orphans > 1 else 'was'} re-queued")
+    stale = fail_stale(search.study, search.storage, search.study_id)  # another machine's, or where no lock is kept
+    if stale:
+        search.notes.append(f"{stale} trial{'s' if stale > 1 else ''} whose heartbeat had stopped (a worker killed, or "
+                            f"cut off from the storage) {'were' if stale > 1 else 'was'} failed and re-queued")
 
 
 def run_search(config: SearchConfig, on_event: Callable[[TrialEvent], None] | None = None,

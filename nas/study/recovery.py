@@ -7,7 +7,6 @@ A re-queued trial is a new WAITING trial with the same shape key, seed and role;
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -16,18 +15,36 @@ import sqlalchemy
 from optuna.trial import FrozenTrial, TrialState
 
 from nas.study.heartbeat import warn_on_stderr
-from nas.study.optuna_internals import drop_connections, trial_id, unbeaten_trial_ids
+from nas.study.optuna_internals import drop_connections, stale_trial_ids, trial_id, unbeaten_trial_ids
 from nas.study.signals import interrupts_deferred
 from nas.study.storage_faults import first_line, storage_failure
 
 ABANDONED_AFTER_S = 120.0  # a RUNNING trial this old that never beat was abandoned (worker died right after ask)
 
 
-def fail_stale(study: optuna.Study) -> None:
-    """Optuna's heartbeat check: fail (and re-queue) trials whose heartbeat is older than the grace period."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        optuna.storages.fail_stale_trials(study)
+STALE_REASON = "its heartbeat stopped: its worker was killed, or lost the storage, while it trained"
+
+
+def fail_stale(study: optuna.Study, storage: optuna.storages.BaseStorage, study_id: int) -> int:
+    """Optuna's heartbeat check (``optuna.storages.fail_stale_trials``) with the reason recorded: fail each trial
+    whose heartbeat is older than the storage's grace period as abandoned, then re-queue it through the storage's
+    stale-trial callback (its retries bounded there), with its shape, seed and role; returns how many."""
+    failed = []
+    for stale in stale_trial_ids(storage, study_id):
+        with interrupts_deferred():  # a Ctrl-C between the fail and the re-queue would lose the shape
+            try:
+                storage.set_trial_user_attr(stale, "status", "abandoned")
+                storage.set_trial_user_attr(stale, "reason", STALE_REASON)
+                storage.set_trial_state_values(stale, state=TrialState.FAIL)
+            except optuna.exceptions.UpdateFinishedTrialError:  # another worker failed it first, or it just ended
+                continue
+            failed.append(stale)
+            retry = storage.get_heartbeat_stale_trial_callback()  # type: ignore[attr-defined]
+            if retry is not None:
+                frozen = storage.get_trial(stale)
+                retry(study, replace_user_attrs(frozen, {k: frozen.user_attrs[k] for k in ("key", "seed", "role")
+                                                         if k in frozen.user_attrs}))
+    return len(failed)
 
 
 def fail_abandoned(study: optuna.Study, storage: optuna.storages.BaseStorage, study_id: int,

@@ -73,7 +73,7 @@ def find_original(search: Search, key: str, seed: int, number: int, heartbeat: H
         if not any(in_flight(t) and t.number < number and key_seed(t) in (None, (key, seed)) for t in trials):
             return None
         heartbeat.check()  # waiting, too, ends when another worker has taken this trial
-        fail_stale(search.study)
+        fail_stale(search.study, search.storage, search.study_id)
         fail_abandoned(search.study, search.storage, search.study_id)
         time.sleep(POLL_S)
 

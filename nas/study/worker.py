@@ -97,7 +97,7 @@ def _train_until_done(search: Search, on_event: Callable[[TrialEvent], None] | N
         trial: optuna.Trial | None = None
         try:
             raise_if_stopped()  # a stop whose exception Python swallowed (nas.study.signals)
-            fail_stale(study)
+            fail_stale(study, search.storage, search.study_id)
             trials = study.get_trials(deepcopy=False)
             if finished is not None and on_event is not None:
                 on_event(_event(search, trials, *finished))
