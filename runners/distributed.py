@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import re
 import signal
 import sys
 from dataclasses import dataclass
@@ -59,6 +60,29 @@ def setup(device_name: str) -> Processes:
         if not dist.is_initialized():
             dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
     return Processes(rank, world, local_rank, device)
+
+
+PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "NCCL communicator was aborted",
+             "remote process exited", "ProcessGroupNCCL")
+
+
+def lost_a_peer(error: BaseException) -> bool:
+    """Whether ``error`` is a collective that failed because another process of the run is gone (killed, out of
+    memory, stopped): gloo's "Connection reset/closed by peer" and NCCL's aborted communicator, raised as
+    ``torch.distributed.DistBackendError`` or as a plain ``RuntimeError``."""
+    backend_error = getattr(dist, "DistBackendError", ())
+    text = str(error)
+    return (isinstance(error, backend_error) if backend_error else False) or any(p in text for p in PEER_LOST)
+
+
+def peer_lost_text(error: BaseException) -> str:
+    """What ``error`` says of the lost peer, short: gloo's "Read error [127.0.0.1]:7603: Connection reset by peer"
+    without its source location and advice; else its first line."""
+    text = str(error).strip()
+    found = re.search(r"(?:^\[[^\]]*\]\s*)?(.*?(?:" + "|".join(map(re.escape, PEER_LOST)) + "))", text)
+    if found:
+        return found.group(1).strip()
+    return text.splitlines()[0][:200] if text else type(error).__name__
 
 
 def teardown(processes: Processes) -> None:

@@ -194,6 +194,44 @@ def test_a_stopped_run_says_so_in_one_line_and_the_same_command_resumes_it(tmp_p
     assert resumed["status"] == "ok" and resumed["resumed_from_step"] > 0, resumed
 
 
+def rank_pid(parent: int, rank: int) -> int | None:
+    """The pid of torchrun's worker of ``rank`` below ``parent`` (its environment names the rank), if it runs yet."""
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == parent \
+                    and f"RANK={rank}".encode() in (entry / "environ").read_bytes().split(b"\0"):
+                return int(entry.name)
+        except (OSError, ValueError, IndexError):
+            continue
+    return None
+
+
+def test_a_rank_killed_mid_run_leaves_the_other_saying_so_in_one_line(tmp_path, config):
+    """The surviving rank printed gloo's "Connection reset by peer" as a 40-line traceback, and nothing said that the
+    run's folder keeps its checkpoint."""
+    out = tmp_path / "run"
+    cmd = command(config, out, 2, "--checkpoint-every", "5", train=["--preset", "tiny", "--tokens", str(4000 * 128),
+                                                                 "--device", "cpu", "--threads", "1"])
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=nas_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / CHECKPOINT_NAME).exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        victim = rank_pid(proc.pid, 1)
+        assert victim is not None and proc.poll() is None, "the run ended before a rank could be killed"
+        os.kill(victim, signal.SIGKILL)
+        said = proc.communicate(timeout=120)[1]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    ours = [line for line in said.splitlines() if line.startswith("error: rank 0")]
+    assert "[rank0]" not in said and len(ours) == 1, said[-3000:]  # the launcher's own report is torchrun's
+    assert ours[0].startswith("error: rank 0: another process of this run stopped (") and "by peer)" in ours[0]
+    assert ours[0].endswith(f"{str(out)!r} keeps the run's last checkpoint; run the same command to resume from it "
+                            "(from the start if none was written yet)")
+
+
 def test_corrupt_truncated_foreign_and_crafted_checkpoints_are_refused_by_name(tmp_path, config):
     out = tmp_path / "run"
     run(command(config, out, 1, "--checkpoint-every", "5"), tmp_path)

@@ -85,7 +85,12 @@ def train(
         raise typer.Exit(INTERRUPTED_EXIT_CODE) from None
     except (RuntimeError, MemoryError) as error:  # past the check's lower bound (runners.memory): one line, exit 2
         from runners.device import is_out_of_memory
+        from runners.distributed import lost_a_peer, peer_lost_text
 
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and lost_a_peer(error):  # another rank died: this one says so
+            typer.echo(f"error: rank {os.environ.get('RANK', '?')}: another process of this run stopped "
+                       f"({peer_lost_text(error)}); " + interrupted(out).removeprefix("interrupted: "), err=True)
+            raise typer.Exit(1) from None
         if not is_out_of_memory(error):
             raise
         rows = micro_batch or cfg.batch_size
