@@ -263,6 +263,41 @@ def test_a_postgresql_outage_under_a_running_search_is_waited_out_and_loses_noth
     assert interrupted and all("storage connection was lost" in t.user_attrs["reason"] for t in interrupted)
 
 
+def test_ctrl_c_while_the_postgresql_server_is_away_says_the_trial_could_not_be_marked(tmp_path, postgres_control,
+                                                                                     postgres_url):
+    """Stopped while it waited for the server, the search said "a trial that was running is marked and re-queued",
+    and nothing was: the trial stayed RUNNING, for the next run's heartbeat check."""
+    pause = tmp_path / "paused"
+    args = [*SEARCH, "--trials", "4", "--storage", postgres_url, "--study-name", "away"]
+    log = tmp_path / "search.log"
+    env = {**nas_env(), "NAS_FAULT_POINT": "pause", "NAS_FAULT_SEED": "0", "NAS_PAUSE_FILE": str(pause),
+           "NAS_FAULT_CORE": str(sorted(os.sched_getaffinity(0))[0])}
+    with open(log, "w") as out:
+        process = subprocess.Popen([sys.executable, "-c", FAULTY_NAS, *args], cwd=tmp_path, env=env, stdout=out,
+                                   stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(pause.exists, 600, "the second trial to pause in training", process=process, log=log)
+        postgres_control.stop()
+        pause.unlink()
+        try:
+            wait_for(lambda: "lost the connection to storage" in log.read_text(), 300, "the search to notice",
+                     process=process, log=log)
+            process.send_signal(signal.SIGINT)
+            process.wait(timeout=60)
+        finally:
+            postgres_control.start()
+    finally:
+        stop(process)
+    output = log.read_text()
+    assert process.returncode == 130 and "Traceback" not in output, output[-3000:]
+    assert "interrupted (the storage is unreachable); its heartbeat has stopped, so the next run of the same command " \
+           "fails it as stale and re-queues it" in output, output[-3000:]
+    assert "is marked and re-queued" not in output
+    assert output.strip().splitlines()[-1] == ("interrupted: re-run the same command to resume; a trial that was "
+                                               "running is trained again with its shape and seed")
+    assert [t.state for t in load_trials(postgres_url, "away")].count(TrialState.RUNNING) == 1  # as the line says
+
+
 def mount_tmpfs(path: Path, size: str) -> bool:
     path.mkdir()
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)

@@ -171,8 +171,8 @@ def search(
                    "run the same command to resume once the cause is fixed", err=True)
         raise typer.Exit(1) from None
     except KeyboardInterrupt:
-        typer.echo("interrupted: a trial that was running is marked and re-queued; re-run the same command to resume",
-                   err=True)
+        typer.echo("interrupted: re-run the same command to resume; a trial that was running is trained again with "
+                   "its shape and seed", err=True)
         raise typer.Exit(INTERRUPTED_EXIT_CODE) from None
     for note in result.notes[progress.notes_shown:]:
         typer.echo(f"warning: {note}", err=True)
