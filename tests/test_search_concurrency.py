@@ -39,6 +39,7 @@ from nas.study.config import SearchConfig
 from nas.study.parallel import run_search, worker_context
 from nas.study.placement import Placement
 from nas.study.records import key_seed
+from nas.study.recovery import TERMINATED
 from nas.study.storage import make_storage
 from runners.presets import get_preset
 from search_spaces.factory import SpaceOptions, build_space
@@ -240,6 +241,8 @@ def test_sigterm_to_the_parent_stops_every_worker_cleanly(tmp_path):
     for victim in victims:
         stopped = trials[victim.number]
         assert stopped.state == TrialState.FAIL and stopped.user_attrs["status"] == "interrupted"
+        # the stop passed on is the one the search received: the reason said "Ctrl-C" for a SIGTERM
+        assert stopped.user_attrs["reason"] == TERMINATED
         (requeued,) = [t for t in trials if t.system_attrs.get("failed_trial") == victim.number]
         assert requeued.state == TrialState.WAITING and key_seed(requeued) == key_seed(stopped)
 

@@ -174,7 +174,7 @@ def test_ctrl_c_marks_the_running_trial_interrupted_requeues_it_and_exits_130(tm
     trials = load_trials(storage, "ctrl-c")
     interrupted = trials[victim.number]
     assert interrupted.state == TrialState.FAIL and interrupted.user_attrs["status"] == "interrupted"
-    assert not counts(interrupted)
+    assert interrupted.user_attrs["reason"] == nas.study.recovery.INTERRUPTED and not counts(interrupted)
     (requeued,) = retries_of(trials, victim.number)
     assert requeued.state == TrialState.WAITING and key_seed(requeued) == key_seed(interrupted)
     assert not [t.number for t in trials if t.state == TrialState.RUNNING]

@@ -35,17 +35,17 @@ from runners.distributed import die_with_parent
 from runners.presets import get_preset
 
 
-def _interrupt_workers(processes: list, queue: Any, grace_s: float = 3.0) -> None:
-    """Pass an interrupt on to workers still running after ``grace_s``.
+def _interrupt_workers(processes: list, queue: Any, terminated: bool = False) -> None:
+    """Pass a stop on to the workers still running: the signal this process received, so each trial records it.
 
-    Ctrl-C in a terminal reaches every worker at once (one process group), and the grace period
+    Ctrl-C in a terminal reaches every worker at once (one process group), and a grace period of 3 s
     lets them stop on their own; ``kill -INT`` or ``kill`` reaches only this process, and without
-    this its workers would train on. After SIGTERM (``Terminated``) there is no grace period.
+    this its workers would train on. After SIGTERM (``terminated``) there is no grace period.
     """
-    _wait_for_workers(processes, queue, timeout=grace_s)
+    _wait_for_workers(processes, queue, timeout=0.0 if terminated else 3.0)
     for p in processes:
         if p.is_alive():
-            os.kill(p.pid, signal.SIGINT)
+            os.kill(p.pid, signal.SIGTERM if terminated else signal.SIGINT)
 
 
 def _wait_for_workers(processes: list, queue: Any, timeout: float | None = None) -> None:
@@ -276,7 +276,7 @@ def run_search(config: SearchConfig, on_event: Callable[[TrialEvent], None] | No
                 if kind == "error":
                     errors.append(f"worker {worker}: {payload}")
     except KeyboardInterrupt as interrupt:
-        _interrupt_workers(processes, queue, grace_s=0.0 if isinstance(interrupt, Terminated) else 3.0)
+        _interrupt_workers(processes, queue, terminated=isinstance(interrupt, Terminated))
         raise
     finally:
         _wait_for_workers(processes, queue)

@@ -16,7 +16,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from nas.study.heartbeat import warn_on_stderr
 from nas.study.optuna_internals import drop_connections, stale_trial_ids, trial_id, unbeaten_trial_ids
-from nas.study.signals import interrupts_deferred
+from nas.study.signals import Terminated, interrupts_deferred
 from nas.study.storage_faults import first_line, storage_failure
 
 ABANDONED_AFTER_S = 120.0  # a RUNNING trial this old that never beat was abandoned (worker died right after ask)
@@ -94,8 +94,11 @@ def requeue(study: optuna.Study, number: int) -> None:
     optuna.storages.RetryHeartbeatStaleTrialCallback()(study, replace_user_attrs(frozen, attrs))
 
 
-def mark_interrupted(study: optuna.Study, trial: optuna.Trial,
-                     reason: str = "interrupted by the user (Ctrl-C); re-queued") -> None:
+INTERRUPTED = "interrupted (Ctrl-C or kill -INT); re-queued"
+TERMINATED = "stopped by SIGTERM (kill, a scheduler's notice); re-queued"
+
+
+def mark_interrupted(study: optuna.Study, trial: optuna.Trial, reason: str = INTERRUPTED) -> None:
     """Fail the trial as interrupted and re-queue its shape and seed (a trial told just before Ctrl-C stays as told).
 
     Each step is retried while SQLite answers "database is locked" (``BUSY_ATTEMPTS``): a signal that cut a storage
@@ -115,13 +118,13 @@ def mark_interrupted(study: optuna.Study, trial: optuna.Trial,
         _while_busy(study, lambda: requeue(study, trial.number))
 
 
-def mark_stopped(study: optuna.Study, trial: optuna.Trial) -> None:
-    """``mark_interrupted`` for a worker that is stopping (Ctrl-C, SIGTERM): a storage that fails to take the mark
-    is said in one line, not raised over the stop. Nothing is lost: the trial stays RUNNING with its heartbeat
-    stopped, so the next run of the same command fails it as stale and re-queues its shape and seed
-    (``fail_stale``)."""
+def mark_stopped(study: optuna.Study, trial: optuna.Trial, stop: KeyboardInterrupt | None = None) -> None:
+    """``mark_interrupted`` for a worker that is stopping (Ctrl-C, SIGTERM: ``stop``, whose kind the reason names): a
+    storage that fails to take the mark is said in one line, not raised over the stop. Nothing is lost: the trial
+    stays RUNNING with its heartbeat stopped, so the next run of the same command fails it as stale and re-queues its
+    shape and seed (``fail_stale``)."""
     try:
-        mark_interrupted(study, trial)
+        mark_interrupted(study, trial, TERMINATED if isinstance(stop, Terminated) else INTERRUPTED)
     except Exception as error:
         failure = storage_failure(error)
         if failure is None:

@@ -151,11 +151,11 @@ def _train_until_done(search: Search, on_event: Callable[[TrialEvent], None] | N
                 if on_event is not None:
                     on_event(_event(search, study.get_trials(deepcopy=False), *finished))
                 raise SearchAborted(f"{MAX_ERROR_STREAK} trials in a row failed with an error; last: {reason}")
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as stop:
             # anywhere from ``ask`` on (a trial told already is left as told): re-queued, a second signal held off
             if trial is not None:
                 with interrupts_deferred():
-                    mark_stopped(study, trial)
+                    mark_stopped(study, trial, stop)
             raise
         except Exception as error:
             failure = storage_failure(error)
