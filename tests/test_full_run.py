@@ -185,8 +185,7 @@ def test_a_stopped_run_says_so_in_one_line_and_the_same_command_resumes_it(tmp_p
     assert proc.wait(timeout=60) == 130, said
     assert "Traceback" not in said and "KeyboardInterrupt" not in said, said
     assert said.strip().splitlines()[-1] == (f"interrupted: {str(out)!r} keeps the run's last checkpoint; run the "
-                                             "same command to resume from it (from the start if none was written "
-                                             "yet)"), said
+                                             "same command to resume from it"), said
     assert not (out / "result.json").exists()
     if sig == signal.SIGTERM:
         return  # one resume suffices: the stop above is what differs
@@ -228,8 +227,7 @@ def test_a_rank_killed_mid_run_leaves_the_other_saying_so_in_one_line(tmp_path, 
     ours = [line for line in said.splitlines() if line.startswith("error: rank 0")]
     assert "[rank0]" not in said and len(ours) == 1, said[-3000:]  # the launcher's own report is torchrun's
     assert ours[0].startswith("error: rank 0: another process of this run stopped (") and "by peer)" in ours[0]
-    assert ours[0].endswith(f"{str(out)!r} keeps the run's last checkpoint; run the same command to resume from it "
-                            "(from the start if none was written yet)")
+    assert ours[0].endswith(f"{str(out)!r} keeps the run's last checkpoint; run the same command to resume from it")
 
 
 def test_corrupt_truncated_foreign_and_crafted_checkpoints_are_refused_by_name(tmp_path, config):

@@ -349,23 +349,41 @@ def test_a_stopping_worker_whose_storage_refuses_the_mark_says_so_in_one_line_an
         mark_stopped(study, study.ask())
 
 
-CTRL_C_WHILE_LOADING = """
+STOP_BEFORE_THE_COMMAND_HANDLES_IT = """
 import os, signal, sys
 import nas.study.config
+import typer.core
 
-# a real SIGINT, delivered where a Ctrl-C lands in the first second of `nas search`: after its options are read, while
-# torch is still loading and before the command's own handler is in place
-nas.study.config.precheck = lambda config: os.kill(os.getpid(), signal.SIGINT)
+stop = getattr(signal, sys.argv[2])
+if sys.argv[3] == "while loading":  # after the options are read, while torch still loads, before the command's handler
+    nas.study.config.precheck = lambda config: os.kill(os.getpid(), stop)
+elif sys.argv[3] == "swallowed while loading":  # the same, its exception caught by the code it landed in
+    def swallowing(config):
+        try:
+            os.kill(os.getpid(), stop)
+        except BaseException:
+            pass
+    nas.study.config.precheck = swallowing
+else:  # while the command line is read
+    read = typer.core.TyperGroup.make_context
+    def reading(*args, **kwargs):
+        os.kill(os.getpid(), stop)
+        return read(*args, **kwargs)
+    typer.core.TyperGroup.make_context = reading
 sys.argv = ["nas", "search", "--space", "prism", "--trials", "1", "--storage", sys.argv[1]]
 from nas.cli import main
 main()
 """
 
 
-def test_ctrl_c_before_a_command_handles_it_is_one_line_and_exit_130(tmp_path):
+@pytest.mark.parametrize("where", ["while loading", "swallowed while loading", "while the command line is read"])
+@pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM"])
+def test_a_stop_before_a_command_handles_it_is_one_line_and_exit_130(tmp_path, stop, where):
+    """A Ctrl-C then exited 130 without a word (typer's own handling); a SIGTERM ended the process (143, silent), and
+    one whose exception the code it landed in swallowed was lost: the training ran to its end."""
     database = tmp_path / "nas.db"
-    done = subprocess.run([sys.executable, "-c", CTRL_C_WHILE_LOADING, f"sqlite:///{database}"], capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", STOP_BEFORE_THE_COMMAND_HANDLES_IT, f"sqlite:///{database}", stop,
+                           where], capture_output=True, text=True, timeout=120)
     assert done.returncode == 130, done.stderr
     lines = done.stderr.splitlines()
     assert lines == ["interrupted: the command stopped before it finished; run the same command again"], lines

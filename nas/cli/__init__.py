@@ -15,21 +15,34 @@ from nas.cli import search, results, rules, runs, rerun, tools, space  # noqa: F
 app.add_typer(space.space_app, name="space")
 
 
+STOPPED_CLEANLY = ("search", "train", "rerun")  # the commands that stop on SIGTERM as on Ctrl-C: one line, exit 130
+
+
 def main() -> None:
     """The ``nas`` console script."""
     import signal
+    import sys
     import warnings
 
-    from nas.cli.errors import one_line_warning
+    from nas.cli.errors import INTERRUPTED_EXIT_CODE, INTERRUPTED_LINE, one_line_warning
 
     guard_standard_streams()
     warnings.formatwarning = one_line_warning  # forked workers inherit it
     # `kill -INT` stops every command as Ctrl-C does (exit 130), also one a shell started in the background with SIGINT
     # ignored, which Python keeps; SIGTERM keeps its default (the process ends) except where a long command handles
-    # it (search, train, rerun: nas.study.signals.interruptible), since a handler's exception can be swallowed
+    # it (search, train, rerun: nas.study.signals.interruptible), since a handler's exception can be swallowed. Those
+    # take it from here, so that one stopped while it still imports torch says so too (it ended with 143, silent)
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    app()
+    try:
+        if len(sys.argv) > 1 and sys.argv[1] in STOPPED_CLEANLY:
+            from nas.study.signals import interruptible
+
+            interruptible()
+        app()
+    except KeyboardInterrupt:  # before the command runs (the app is still being built) or after it returned
+        print(INTERRUPTED_LINE, file=sys.stderr)
+        sys.exit(INTERRUPTED_EXIT_CODE)
 
 
 __all__ = ["app", "main"]

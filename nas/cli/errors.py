@@ -21,6 +21,7 @@ from nas.files import OutputClosed
 
 USAGE_EXIT_CODE = 2
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, as a shell reports a job Ctrl-C stopped
+INTERRUPTED_LINE = "interrupted: the command stopped before it finished; run the same command again"
 
 
 def print_error(message: str) -> None:
@@ -60,13 +61,21 @@ class OneLineErrors(TyperGroup):
             return code
         sys.exit(code if isinstance(code, int) else 0)
 
+    def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
+        """Read the command line; a stop meanwhile gets the one line too (typer exits 130 without a word)."""
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except KeyboardInterrupt:
+            typer.echo(INTERRUPTED_LINE, err=True)
+            raise typer.Exit(INTERRUPTED_EXIT_CODE) from None
+
     def invoke(self, ctx: Any) -> Any:
         """Run the command; a stop it does not explain itself (Ctrl-C while a read command works, or while ``nas
         search`` still loads torch) gets one line, where the framework exits 130 without a word."""
         try:
             return super().invoke(ctx)
         except KeyboardInterrupt:
-            typer.echo("interrupted: the command stopped before it finished; run the same command again", err=True)
+            typer.echo(INTERRUPTED_LINE, err=True)
             raise typer.Exit(INTERRUPTED_EXIT_CODE) from None
 
 

@@ -145,6 +145,7 @@ def train_runs(batch: RerunBatch) -> None:
     from nas.study.signals import interruptible, raise_if_stopped
     from nas.units import format_duration
 
+    raise_if_stopped()  # a stop since `nas` started (nas.cli.main) whose exception an import swallowed
     interruptible()  # `kill -INT` stops a background job too (its SIGINT is ignored until now), and SIGTERM as Ctrl-C
     done = recorded(batch.results, batch.settings)
     started, trained = time.perf_counter(), 0

@@ -71,9 +71,10 @@ def train(
     cfg = cfg.with_(compile=compile)
 
     from nas.data import load_data
-    from nas.study.signals import interruptible
+    from nas.study.signals import interruptible, raise_if_stopped
     from runners.full import RunOptions, run_full
 
+    raise_if_stopped()  # a stop since `nas` started (nas.cli.main) whose exception an import swallowed
     interruptible()  # Ctrl-C, `kill -INT` (a background job's SIGINT is ignored until now) and SIGTERM: one line
     speaks = int(os.environ.get("RANK", "0")) == 0  # under torchrun, rank 0 speaks for the run
     try:
@@ -112,7 +113,10 @@ def train(
 
 def interrupted(out: Path | None) -> str:
     """The one line a stopped ``nas train`` prints: what it kept, and how to go on."""
+    from runners.checkpoint import CHECKPOINT_NAME
+
     if out is None:
         return "interrupted: nothing was kept (--out FOLDER keeps checkpoints that the same command resumes from)"
-    return (f"interrupted: {str(out)!r} keeps the run's last checkpoint; run the same command to resume from it "
-            "(from the start if none was written yet)")
+    if not (out / CHECKPOINT_NAME).is_file():  # stopped before its first checkpoint (or before the folder was made)
+        return f"interrupted: no checkpoint was written in {str(out)!r} yet; the same command starts the run again"
+    return f"interrupted: {str(out)!r} keeps the run's last checkpoint; run the same command to resume from it"

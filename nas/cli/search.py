@@ -151,11 +151,12 @@ def search(
     precheck(config)  # before torch is imported: a mistyped option is reported at once
     from nas.cli.progress import Progress
     from nas.study.parallel import run_search
-    from nas.study.signals import interruptible
+    from nas.study.signals import interruptible, raise_if_stopped
     from nas.study.storage_faults import first_line, storage_failure
     from nas.study.worker import SearchAborted
     from reports.dashboard_note import NoteRefresher
 
+    raise_if_stopped()  # a stop since `nas` started (nas.cli.main) whose exception an import swallowed
     interruptible()
     try:
         progress = Progress()
