@@ -29,19 +29,26 @@ from nas.errors import UsageError
 ORDER = "spread windows, the proxy's seeded BatchSampler"  # part of a run's identity: older in-order runs are refused
 
 
+def check_batch_split(batch_size: int, world: int, micro_batch: int | None) -> int:
+    """The sequences of one forward (``micro_batch``, or a process's whole share of the global batch when 0/None);
+    ``UsageError`` unless the global batch splits evenly over the processes and each share into micro-batches."""
+    if batch_size % world:
+        raise UsageError(f"the global batch of {batch_size} sequences does not split over {world} processes: "
+                         f"give --nproc a divisor of {batch_size}")
+    share = batch_size // world
+    micro = share if not micro_batch else micro_batch
+    if micro < 1 or share % micro:
+        each = "the one process takes" if world == 1 else f"each of the {world} processes takes"
+        raise UsageError(f"--micro-batch {micro} is invalid: it must divide the {share} sequences {each} per step")
+    return micro
+
+
 class TokenStream:
     """Global batches of spread windows; ``rank``'s micro-batches of each (see the module docstring)."""
 
     def __init__(self, tokens: Any, batch_size: int, seq_len: int, rank: int = 0, world: int = 1,
                  micro_batch: int | None = None, seed: int = 0, position: int = 0) -> None:
-        if batch_size % world:
-            raise UsageError(f"the global batch of {batch_size} sequences does not split over {world} processes: "
-                             f"give --nproc a divisor of {batch_size}")
-        share = batch_size // world
-        micro = share if not micro_batch else micro_batch
-        if micro < 1 or share % micro:
-            raise UsageError(f"--micro-batch {micro} is invalid: it must divide the {share} sequences each of the "
-                             f"{world} processes takes per step")
+        micro = check_batch_split(batch_size, world, micro_batch)
         need = batch_size * seq_len + 1
         if len(tokens) < need:
             raise UsageError(f"the training split holds {len(tokens)} tokens; one global batch of "

@@ -50,6 +50,19 @@ def test_a_preset_whose_device_this_machine_lacks_is_refused_before_anything_is_
     assert says in refused(study, tmp_path, *args)
 
 
+@pytest.mark.parametrize("args, says", [
+    (["--micro-batch", "3"], "--micro-batch 3 is invalid: it must divide the 4 sequences the one process takes per "
+                             "step"),
+    (["--micro-batch", "4", "--nproc", "2"], "--micro-batch 4 is invalid: it must divide the 2 sequences each of the 2 "
+                                             "processes takes per step"),
+])
+def test_a_micro_batch_that_does_not_split_the_batch_is_refused_before_anything_is_written(study, tmp_path, args,
+                                                                                          says):
+    """Each run's process refused it, after the re-run had made its folder and its study, and the re-run then said
+    to run the same command again."""
+    assert says in refused(study, tmp_path, "--preset", "tiny", *args)
+
+
 def test_a_compiled_run_without_the_compiler_it_needs_is_refused(study, tmp_path, monkeypatch):
     import torch._inductor.config as inductor
 

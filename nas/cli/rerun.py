@@ -63,6 +63,7 @@ def check_target(preset: str, tokens: str | None, data: str, nproc: int, device:
     from nas.rerun.launch import LaunchOptions
     from runners.device import check_runnable, compiles_by_default
     from runners.presets import get_preset
+    from runners.stream import check_batch_split
 
     for flag, value in (("--nproc", nproc),):
         if value < 1:
@@ -84,6 +85,7 @@ def check_target(preset: str, tokens: str | None, data: str, nproc: int, device:
     if target.train.batch_size % nproc:
         raise UsageError(f"--nproc {nproc} does not divide the preset's global batch of {target.train.batch_size} "
                          "sequences")
+    check_batch_split(target.train.batch_size, nproc, micro_batch)  # as every run would refuse it, after its folder
     if target.baseline.vocab_size < dataset.vocab_size:
         raise UsageError(f"preset {preset} has a vocabulary of {target.baseline.vocab_size}, below the data's "
                          f"{dataset.vocab_size}")
