@@ -43,6 +43,8 @@ def one_line_error(result) -> str:
     (["--storage", "sqlite://"], "names no file"),
     (["--storage", "sqlite:////no/such/folder/nas.db"], "does not exist"),
     (["--storage", "postgresql://nas@127.0.0.1:1/nas"], "cannot open storage"),  # nothing listens on port 1
+    (["--storage", "postgresql+asyncpg://nas@127.0.0.1/nas"], "needs the Python package 'asyncpg': install it, or "
+     "write the URL as postgresql://... (the driver psycopg2"),  # the postgres extra installs psycopg2, not asyncpg
     (["--storage", "mysql://nas@127.0.0.1/nas"], "needs the Python package 'MySQLdb': install that driver"),  # not
     # installed; the hint no longer offers PostgreSQL's extra for it
     (["--trials", "0"], "--trials 0 is invalid"),

@@ -181,7 +181,9 @@ STORAGE_COMMANDS = {
 def test_a_storage_that_is_no_storage_is_one_line_and_left_as_it_was(place, family, command):
     line = refused(place, STORAGE_COMMANDS[command](BAD_STORAGES[family]))
     if family == "newer optuna":
-        assert "Optuna 9.1.0" in line, line  # says which version made it
+        assert "Optuna 9.1.0" in line, line  # says which version made it, and that no Optuna 5.x reads it
+        assert line.endswith("prism-nas runs on Optuna 5.x, which cannot read it: open it with the Optuna that made "
+                             "it, or give another storage"), line  # it advised pip install -U 'optuna<6'
     if family == "truncated" and command not in ("search",):
         assert "damaged" in line or "not" in line, line
 

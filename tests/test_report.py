@@ -309,6 +309,15 @@ def test_nas_report_without_a_study_name_lists_the_studies(tmp_path):
     assert "holds 2 shape searches; its studies: alpha (shape search), beta (shape search)" in result.stderr
 
 
+def test_a_storage_without_a_shape_search_says_so_instead_of_asking_for_a_study_name(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'foreign.db'}"
+    optuna.create_study(storage=storage, study_name="lr")
+    result = CliRunner().invoke(app, ["report", "--storage", storage])
+    assert result.exit_code == 2, result.output
+    assert result.stderr == (f"error: {storage} holds no shape search (`nas search --storage ...` makes one); its "
+                             "studies: lr (not a shape search)\n")  # "give --study-name", which no name could satisfy
+
+
 def test_training_curves_and_attention_distances_are_compared_on_common_seeds():
     # seed 0 is 0.11 nats luckier than the baseline's other eight seeds; a shape trained on seed 0 alone that
     # learns exactly as the baseline does on seed 0 must show no head start (not "0.45x the tokens")

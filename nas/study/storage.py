@@ -157,7 +157,7 @@ def _check_sqlite(url: str, path: Path, read_only: bool) -> SqliteFile:
         made = f"it was made by Optuna {found.optuna_version or '(unknown version)'}"
         if found.schema_revision not in known:
             raise UsageError(f"cannot open storage {display_url(url)!r}: {made}, newer than this Optuna "
-                             f"{optuna.__version__}: pip install -U 'optuna<6' to read it")
+                             f"{optuna.__version__}: {newer_optuna_advice(found.optuna_version)}")
         raise UsageError(f"cannot open storage {display_url(url)!r}: {made}, whose tables are older than this Optuna "
                          f"{optuna.__version__} reads: back the file up, then `optuna storage upgrade --storage URL`")
     return found
@@ -209,8 +209,13 @@ def make_storage(url: str = DEFAULT_STORAGE, heartbeat_interval: int = 10,
                                      heartbeat_interval, grace_period, read_only)
     except ImportError as error:  # Optuna re-raises the driver's ModuleNotFoundError as a bare ImportError
         missing = getattr(error.__cause__, "name", None) or error.name or "its database driver"
-        install = ("pip install 'prism-nas[postgres]'" if parsed.get_backend_name() == "postgresql" else
-                   "install that driver (prism-nas is tested with SQLite and PostgreSQL)")
+        if parsed.get_backend_name() != "postgresql":
+            install = "install that driver (prism-nas is tested with SQLite and PostgreSQL)"
+        elif parsed.get_driver_name() == "psycopg2":
+            install = "pip install 'prism-nas[postgres]'"
+        else:  # the extra installs psycopg2, which another driver's URL does not use
+            install = ("install it, or write the URL as postgresql://... (the driver psycopg2, which pip install "
+                       "'prism-nas[postgres]' installs; prism-nas is tested with it)")
         raise UsageError(f"storage URL {display_url(url)!r} needs the Python package {missing!r}: {install}") from None
     except sqlalchemy.exc.DBAPIError as error:  # cannot connect, no permission...
         first = str(error.orig).strip().splitlines()[0] if error.orig else str(error).splitlines()[0]
@@ -234,12 +239,24 @@ def without_password(text: str, password: object) -> str:
     return text
 
 
+def newer_optuna_advice(made_by: str | None) -> str:
+    """What reads a storage a newer Optuna made: the newest 5.x (prism-nas's pin) where that Optuna was a 5.x, else
+    nothing this prism-nas installs."""
+    major = re.match(r"(\d+)\.", made_by or "")
+    ours = optuna.__version__.split(".")[0]
+    if major and major.group(1) != ours:
+        return (f"prism-nas runs on Optuna {ours}.x, which cannot read it: open it with the Optuna that made it, or "
+                "give another storage")
+    return "pip install -U 'optuna<6' to read it"
+
+
 def _schema_message(message: str) -> str:
     """Optuna's schema-compatibility error as one line that says which Optuna made the storage and what to do."""
     made = re.search(r"set up by optuna ([^)\s]+)", message)
     by = f"it was made by Optuna {made.group(1)}" if made else "another Optuna version made it"
     if "pip install -U optuna" in message:
-        return f"{by}, newer than this Optuna {optuna.__version__}: pip install -U 'optuna<6' to read it"
+        return f"{by}, newer than this Optuna {optuna.__version__}: " \
+               f"{newer_optuna_advice(made.group(1) if made else None)}"
     if "storage upgrade" in message:
         return (f"{by}, whose tables are older than this Optuna {optuna.__version__} reads: back the file up, then "
                 "`optuna storage upgrade --storage URL`")
@@ -357,7 +374,10 @@ def open_existing_study(url: str, study_name: str | None) -> tuple[optuna.Study,
     searches = [name for name, kind in studies.items() if kind == SHAPE_SEARCH]
     listing = ", ".join(f"{printable(name)} ({kind})" for name, kind in studies.items()) or "none"
     if study_name is None:
-        if len(searches) != 1:
+        if not searches:  # no --study-name can help: nothing there was made by `nas search`
+            raise UsageError(f"{display_url(url)} holds no shape search (`nas search --storage ...` makes one); "
+                             f"its studies: {listing}")
+        if len(searches) > 1:
             raise UsageError(f"give --study-name: {display_url(url)} holds {len(searches)} shape searches; "
                              f"its studies: {listing}")
         study_name = searches[0]
