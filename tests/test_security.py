@@ -68,7 +68,8 @@ def test_a_password_in_the_storage_url_appears_in_no_output_file_or_stored_attri
     system = storage.get_study_system_attrs(storage.get_study_id_from_name("secret"))
     outputs.append(json.dumps([study.user_attrs, system,
                                [[t.user_attrs, t.system_attrs] for t in study.trials]], default=str))
-    assert "***" in search.stderr  # the URL is shown, masked
+    assert "***" in search.stderr  # the URL is shown, masked, and its Next: hints say that *** is no password
+    assert search.stderr.strip().endswith("-o report.html (*** stands for the storage's password, not printed)")
     leaks = [text[max(0, text.find(SECRET) - 80):text.find(SECRET) + 80] for text in outputs if SECRET in text]
     assert not leaks, leaks
 

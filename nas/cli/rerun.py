@@ -14,7 +14,7 @@ from nas.cli.errors import INTERRUPTED_EXIT_CODE
 from nas.cli.options import StorageOpt, StudyOpt
 from nas.errors import UsageError
 from nas.files import output_folder
-from nas.study.config import DEFAULT_STORAGE, display_url
+from nas.study.config import DEFAULT_STORAGE, display_url, hidden_password_note
 from nas.units import parse_size
 
 if TYPE_CHECKING:
@@ -253,5 +253,5 @@ def rerun(
     if agreement is not None:
         typer.echo(f"proxy -> {label}: {agreement.text()}", err=True)
     typer.echo(f"done. Next: nas report --study-name {shlex.quote(proxy.name)} --storage "
-               f"{shlex.quote(display_url(storage))} -o report.html",
+               f"{shlex.quote(display_url(storage))} -o report.html{hidden_password_note(storage)}",
                err=True)

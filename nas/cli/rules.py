@@ -18,7 +18,7 @@ from nas.cli.app import app
 from nas.cli.options import StorageOpt, StudyOpt, TableOrJson
 from nas.errors import UsageError
 from nas.files import output_folder
-from nas.study.config import DEFAULT_STORAGE, display_url
+from nas.study.config import DEFAULT_STORAGE, display_url, hidden_password_note
 
 if TYPE_CHECKING:
     from nas.stats.answer import Answer
@@ -173,7 +173,8 @@ def confirm_rules(proxy: StudyData, chosen: tuple[Rule, ...], preset: str, shape
     batch = open_batch(proxy, target, planned, seeds, runs, storage, "training proxy rank {rank} as")
     train_runs(batch)
     typer.echo(f"done. Next: nas report --study-name {shlex.quote(proxy.name)} --storage "
-               f"{shlex.quote(display_url(storage))} -o report.html (its Design rules section shows both budgets)",
+               f"{shlex.quote(display_url(storage))} -o report.html (its Design rules section shows both budgets)"
+               f"{hidden_password_note(storage)}",
                err=True)
 
 

@@ -15,7 +15,7 @@ from nas.cli.errors import INTERRUPTED_EXIT_CODE
 from nas.cli.options import Dtype, Pruner, Replicates, Sampler, StorageOpt, StudyOpt, plain
 from nas.cli.space import with_space_options
 from nas.errors import UsageError
-from nas.study.config import DEFAULT_STORAGE, display_url
+from nas.study.config import DEFAULT_STORAGE, display_url, hidden_password_note
 from search_spaces.factory import SpaceOptions
 
 if TYPE_CHECKING:
@@ -189,4 +189,5 @@ def search(
         answer = f" {summary.sentence}" + (f" {summary.rules_text}" if summary.rules_text else "")
     typer.echo(f"done: study {result.config.study_name!r} holds {trained}{memory}.{answer} Next: nas best "
                f"--study-name {name} --storage {shown}; nas rules --study-name {name} --storage {shown}; "
-               f"nas report --study-name {name} --storage {shown} -o report.html", err=True)
+               f"nas report --study-name {name} --storage {shown} -o report.html{hidden_password_note(storage)}",
+               err=True)

@@ -24,6 +24,12 @@ def display_url(url: str) -> str:
     return _PASSWORD.sub(r"\1***\3", str(url))
 
 
+def hidden_password_note(url: str) -> str:
+    """`` (*** stands for ...)`` after a command shown with ``display_url(url)`` where that hid a password: the command
+    as printed would not log in; else nothing."""
+    return " (*** stands for the storage's password, not printed)" if display_url(url) != str(url) else ""
+
+
 def check_study_name(name: str, flag: str = "--study-name") -> str:
     """A study name is 1-512 printable characters of valid text: no control character (a terminal escape), no
     format mark or line break, no byte that was not UTF-8; ``UsageError`` naming the first bad character."""
