@@ -85,6 +85,22 @@ def write_checkpoint(path: Path, payload: dict[str, Any]) -> None:
     _fsync_folder(path.parent)
 
 
+def run_differences(stored: Any, run: dict[str, Any], prefix: str = "") -> list[str]:
+    """The fields in which a stored run identity (``runners.full.run_identity``) differs from ``run``, one level into
+    nested ones: ``['train.seed', 'train.tokens']`` rather than ``['train']``."""
+    stored = stored if isinstance(stored, dict) else {}
+    found = []
+    for key in sorted(set(stored) | set(run)):
+        mine, theirs = run.get(key), stored.get(key)
+        if mine == theirs:
+            continue
+        if isinstance(mine, dict) and isinstance(theirs, dict) and not prefix:
+            found += run_differences(theirs, mine, f"{key}.")
+        else:
+            found.append(prefix + key)
+    return found
+
+
 def load_weights_only(path: Path, what: str, map_location: str | torch.device = "cpu", then: str = "") -> Any:
     """``torch.load(weights_only=True)`` of ``path``, or one ``UsageError``: ``<what> '<path>' cannot be read
     (...): <why><then>``. The why is the unpickler's own reason: torch's message opens with advice to load with
@@ -96,8 +112,11 @@ def load_weights_only(path: Path, what: str, map_location: str | torch.device = 
         text = str(error).strip()
         found = re.search(r"WeightsUnpickler error:\s*(\S[^\n]*)", text)
         why = found.group(1) if found else text.splitlines()[0] if text else type(error).__name__
+        why = re.split(r"(?<=[.!?])\s", why, maxsplit=1)[0].rstrip(".")  # its first sentence: torch's advice follows
+        if len(why) > 200:
+            why = why[:200].rsplit(" ", 1)[0] + " ..."
         raise UsageError(f"{what} {str(path)!r} cannot be read (corrupt, truncated, or not a plain weights-only "
-                         f"file): {why[:200]}{then}") from None
+                         f"file): {why}{then}") from None
 
 
 def read_checkpoint(path: Path, run: dict[str, Any], map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -112,7 +131,7 @@ def read_checkpoint(path: Path, run: dict[str, Any], map_location: str | torch.d
                          f"{' and '.join(map(str, READS))}")
     stored = data.get("run")
     if stored != run:
-        differ = sorted(k for k in set(stored or {}) | set(run) if (stored or {}).get(k) != run.get(k))
-        raise UsageError(f"checkpoint {str(path)!r} belongs to another run (it differs in {', '.join(differ)}); "
-                         "use the same command, or another --out")
+        raise UsageError(f"checkpoint {str(path)!r} belongs to another run (it differs in "
+                         f"{', '.join(run_differences(stored, run))}): delete it to start this run again, or train "
+                         "into another --out")
     return data

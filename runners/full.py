@@ -47,7 +47,14 @@ from nas.errors import UsageError
 from nas.model.transformer import Transformer
 from nas.units import format_duration
 from runners.allocator import keep_freed_memory
-from runners.checkpoint import CHECKPOINT_NAME, read_checkpoint, rng_state, set_rng_state, write_checkpoint
+from runners.checkpoint import (
+    CHECKPOINT_NAME,
+    read_checkpoint,
+    rng_state,
+    run_differences,
+    set_rng_state,
+    write_checkpoint,
+)
 from runners.config import TrainConfig
 from runners.device import StepLosses, attention_kernels, autocast, available_cores, configure_threads
 from runners.distributed import Processes, all_sum, barrier, setup, teardown
@@ -195,7 +202,8 @@ def _run(arch: ArchConfig, cfg: TrainConfig, data: TokenData, options: RunOption
         if result is not None:
             if result.get("run") == identity:
                 return {**result, "resumed": "finished"}
-            raise UsageError(f"{str(out)!r} holds the result of another run; choose another --out")
+            raise UsageError(f"{str(out)!r} holds the result of another run (it differs in "
+                             f"{', '.join(run_differences(result.get('run'), identity))}); choose another --out")
         check_run_log(out / "log.jsonl")
     device = processes.device
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # torchrun's processes share the cores: a share each

@@ -235,6 +235,11 @@ def test_corrupt_truncated_foreign_and_crafted_checkpoints_are_refused_by_name(t
     run(command(config, out, 1, "--checkpoint-every", "5"), tmp_path)
     checkpoint = out / "checkpoint.pt"
     identity = json.loads((out / "result.json").read_text())["run"]
+    other = subprocess.run(command(config, out, 1, "--seed", "1"), cwd=tmp_path, env=nas_env(), capture_output=True,
+                           text=True, timeout=300)  # a finished run's folder, given to another: what differs is named
+    assert other.returncode == 2, other.stderr
+    assert other.stderr == f"error: {str(out)!r} holds the result of another run (it differs in train.seed); choose " \
+                           "another --out\n", other.stderr
     good = checkpoint.read_bytes()
     cases = {
         "truncated": good[: len(good) // 3],
@@ -246,12 +251,18 @@ def test_corrupt_truncated_foreign_and_crafted_checkpoints_are_refused_by_name(t
         with pytest.raises(UsageError, match=r"checkpoint '.*checkpoint\.pt' cannot be read") as error:
             read_checkpoint(checkpoint, identity)
         assert "\n" not in str(error.value), name
+        # torch's first sentence only: its advice after it was cut mid-sentence ("your checkpoint file is; delete it")
+        assert "If you are seeing this error" not in str(error.value), str(error.value)
+        assert str(error.value).endswith("; delete it to start the run again"), str(error.value)
     torch.save({"format": "something-else"}, checkpoint)
     with pytest.raises(UsageError, match="is not a prism-nas checkpoint"):
         read_checkpoint(checkpoint, identity)
     checkpoint.write_bytes(good)
-    with pytest.raises(UsageError, match=r"belongs to another run \(it differs in arch\)"):
+    with pytest.raises(UsageError, match=r"belongs to another run \(it differs in arch\): delete it to start this "
+                                         r"run again, or train into another --out"):
         read_checkpoint(checkpoint, {**identity, "arch": "another shape"})
+    with pytest.raises(UsageError, match=r"it differs in train\.seed, train\.tokens\)"):  # named inside "train"
+        read_checkpoint(checkpoint, {**identity, "train": {**identity["train"], "seed": 7, "tokens": 1}})
     with open(checkpoint, "wb") as f:
         pickle.dump({"format": "prism-nas-checkpoint", "version": 1, "run": identity, "payload": Payload()}, f)
     with pytest.raises(UsageError, match="cannot be read") as error:
