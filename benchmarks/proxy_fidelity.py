@@ -22,7 +22,7 @@ all from the same training:
 For each (configuration, score): the seed sd, the paired sd against the baseline, the spread of
 the shapes' true means and the **separation** (spread / paired sd: above about 1.5 one seed ranks
 shapes), and **Kendall tau** between the shapes' mean scores and the reference panel's mean
-losses, with a 95 % bootstrap interval over seeds (``nas.stats.comparisons.kendall_tau``); and the
+losses, with a 95 % bootstrap interval over seeds (``nas.stats.comparisons.mean_loss_tau``); and the
 CPU seconds a trial of that configuration costs. Configurations keep what defines the space (12
 layers, 12 baseline heads: the 129 schedules) and vary what does not: tokens, width (every head
 count still divides it), batch with learning rate, context.
@@ -170,7 +170,7 @@ def evaluate_config(runs: list[dict[str, Any]], panel: dict[str, Any], baseline:
                     key_map: dict[str, str]) -> dict[str, Any]:
     """Per score: noise and separation over the config's runs, tau against the panel (shapes mapped to the
     panel's keys by ``key_map``: a width-48 shape stands for its width-96 schedule)."""
-    from nas.stats.comparisons import kendall_tau
+    from nas.stats.comparisons import mean_loss_tau
 
     reference = losses_by_shape(panel["runs"])
     reference_tokens = int(panel["train"]["tokens"])
@@ -187,8 +187,8 @@ def evaluate_config(runs: list[dict[str, Any]], panel: dict[str, Any], baseline:
         if len(table) < 3 or baseline not in table:
             continue
         figures = noise(table, baseline)
-        agreement = kendall_tau({k: list(v.values()) for k, v in table.items()},
-                                {k: list(v.values()) for k, v in reference.items()})
+        agreement = mean_loss_tau({k: list(v.values()) for k, v in table.items()},
+                                  {k: list(v.values()) for k, v in reference.items()})
         out["scores"][score] = {**figures, "split_tau": split_tau(table), "tau": agreement.tau if agreement else None,
                                 "tau_low": agreement.low if agreement else None,
                                 "tau_high": agreement.high if agreement else None}

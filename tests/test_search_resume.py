@@ -142,7 +142,7 @@ def test_a_trial_whose_heartbeat_stopped_before_the_search_started_is_failed_wit
     left.set_user_attr("key", MEMBERS[1])
     left.set_user_attr("seed", 0)
     study._storage.record_heartbeat(left._trial_id)
-    time.sleep(3.5)  # past the grace period, 3 heartbeats
+    time.sleep(4.5)  # past the grace period of 3 heartbeats, on SQLite's clock of whole seconds (3.5 s could read 3)
     with lease(storage) as other_search:
         assert other_search.held
         search = run_search(dataclasses.replace(config, trials=2))

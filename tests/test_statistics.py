@@ -9,7 +9,14 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from nas.stats.comparisons import holm_rejections, kendall_tau, paired_gain, pooled_paired_sd, tied_set
+from nas.stats.comparisons import (
+    holm_rejections,
+    kendall_tau,
+    mean_loss_tau,
+    paired_gain,
+    pooled_paired_sd,
+    tied_set,
+)
 from nas.stats.scores import ShapeScores
 from reports.width_depth import WidthDepthPoint, fit_width_depth
 
@@ -79,6 +86,17 @@ def test_kendall_tau_and_its_bootstrap_interval_over_the_reruns_seeds():
     single = kendall_tau(ranks, {k: [float(r)] for k, r in ranks.items()})
     assert single.tau == pytest.approx(1.0) and single.low is None and single.high is None
     assert single.interval_text().startswith("no interval: one re-run seed a shape")
+
+
+def test_mean_loss_tau_of_two_panels_resamples_both_sides():
+    first = {k: [v + 0.01 * i for i in range(3)] for k, v in zip("abcdef", (1, 2, 3, 4, 5, 6))}
+    same = mean_loss_tau(first, {k: [v[0] * 10] for k, v in first.items()})
+    assert same.tau == pytest.approx(1.0) and same.low == pytest.approx(1.0) and same.top_overlap == 3
+    assert mean_loss_tau(first, {k: [-v[0]] for k, v in first.items()}).tau == pytest.approx(-1.0)
+    noisy = mean_loss_tau({k: [v[0] + e for e in (-2, 0, 2)] for k, v in first.items()}, first)
+    assert noisy.low < noisy.tau <= noisy.high and noisy.high - noisy.low > 0.3  # noisy on the first side: wide
+    single = mean_loss_tau({k: [v[0]] for k, v in first.items()}, {k: [v[0] * 10] for k, v in first.items()})
+    assert single.low is None and mean_loss_tau({"a": [1.0]}, {"a": [2.0]}) is None
 
 
 def test_kendall_tau_reads_the_ranks_it_is_given_and_no_overlap_where_every_shape_is_in_the_top_k():

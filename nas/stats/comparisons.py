@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from statistics import fmean, stdev
 
@@ -178,6 +178,44 @@ class RankAgreement:
         return (f"Kendall tau {self.tau:+.2f} ({self.interval_text()}, {self.n_shapes} shapes){self.overlap_text()}")
 
 
+def mean_loss_tau(first: dict[str, list[float]], second: dict[str, list[float]], top_k: int = 3,
+                  resamples: int = 2000, seed: int = 0) -> RankAgreement | None:
+    """tau between the shapes' mean loss in two sets of runs (shapes in both), and its 95 % bootstrap percentile
+    interval: each resample draws every shape's seeds with replacement on both sides. For two designed panels with
+    the same seeds a shape on each side (``benchmarks.proxy_fidelity``); a study's ranking is checked against its
+    re-runs by ``kendall_tau``, which holds the leaderboard's ranks as they were printed."""
+    keys = sorted(set(first) & set(second))
+    if len(keys) < 2:
+        return None
+    tau = _tau([fmean(first[k]) for k in keys], [fmean(second[k]) for k in keys])
+    overlap = _top_overlap(keys, lambda key: fmean(first[key]), lambda key: fmean(second[key]), top_k)
+    k = min(top_k, len(keys))
+    if all(len(first[key]) < 2 and len(second[key]) < 2 for key in keys):
+        return RankAgreement(tau, None, None, len(keys), overlap, k)
+    rng = random.Random(seed)
+    draws = sorted(_tau([fmean(rng.choices(first[k], k=len(first[k]))) for k in keys],
+                        [fmean(rng.choices(second[k], k=len(second[k]))) for k in keys]) for _ in range(resamples))
+    low, high = draws[int(0.025 * resamples)], draws[min(resamples - 1, int(0.975 * resamples))]
+    return RankAgreement(tau, low, high, len(keys), overlap, k)
+
+
+def _tau(a: list[float], b: list[float]) -> float:
+    """Kendall's tau-b of two orderings of the same shapes; 0 where it is undefined (a constant side)."""
+    from scipy import stats
+
+    value = stats.kendalltau(a, b).statistic
+    return 0.0 if value is None or math.isnan(value) else float(value)
+
+
+def _top_overlap(keys: list[str], first: Callable[[str], float], second: Callable[[str], float],
+                 top_k: int) -> int | None:
+    """Shapes in both top-k (lowest first); None when there are no more than k shapes, where it would read k."""
+    k = min(top_k, len(keys))
+    if len(keys) <= k:
+        return None
+    return len(set(sorted(keys, key=first)[:k]) & set(sorted(keys, key=second)[:k]))
+
+
 def kendall_tau(proxy_rank: dict[str, int], full: dict[str, list[float]], top_k: int = 3,
                 resamples: int = 2000, seed: int = 0) -> RankAgreement | None:
     """tau between the proxy's ranks (the leaderboard's: 1 best) and the shapes' mean full-scale loss, over the
@@ -188,24 +226,13 @@ def kendall_tau(proxy_rank: dict[str, int], full: dict[str, list[float]], top_k:
     keys = sorted(set(proxy_rank) & set(full))
     if len(keys) < 2:
         return None
-
-    from scipy import stats
-
     ranks = [proxy_rank[k] for k in keys]
-
-    def tau_of(f: list[float]) -> float:
-        value = stats.kendalltau(ranks, f).statistic
-        return 0.0 if value is None or math.isnan(value) else float(value)
-
-    tau = tau_of([fmean(full[k]) for k in keys])
+    tau = _tau(ranks, [fmean(full[k]) for k in keys])
+    overlap = _top_overlap(keys, lambda key: proxy_rank[key], lambda key: fmean(full[key]), top_k)
     k = min(top_k, len(keys))
-    overlap = None
-    if len(keys) > k:
-        top = set(sorted(keys, key=lambda key: proxy_rank[key])[:k])
-        overlap = len(top & set(sorted(keys, key=lambda key: fmean(full[key]))[:k]))
     if all(len(full[key]) < 2 for key in keys):
         return RankAgreement(tau, None, None, len(keys), overlap, k)
     rng = random.Random(seed)
-    draws = sorted(tau_of([fmean(rng.choices(full[k], k=len(full[k]))) for k in keys]) for _ in range(resamples))
+    draws = sorted(_tau(ranks, [fmean(rng.choices(full[k], k=len(full[k]))) for k in keys]) for _ in range(resamples))
     low, high = draws[int(0.025 * resamples)], draws[min(resamples - 1, int(0.975 * resamples))]
     return RankAgreement(tau, low, high, len(keys), overlap, k)
