@@ -138,9 +138,10 @@ def test_a_trial_whose_heartbeat_stopped_before_the_search_started_is_failed_wit
                           trials=1, heartbeat_interval=1)
     run_search(config)  # the baseline
     study = optuna.load_study(study_name="stale", storage=storage)
-    left = study.ask()  # a worker took a member, beat once, and was killed
-    left.set_user_attr("key", MEMBERS[1])
-    left.set_user_attr("seed", 0)
+    space = build_space(SpaceOptions(space="prism"), defaults=get_preset("tiny").baseline)
+    member = list(space)[1]
+    study.enqueue_trial(space.params_of(member), user_attrs={"key": member.key(), "seed": 0})
+    left = study.ask(study.trials[0].distributions)  # a worker took a member, beat once, and was killed
     study._storage.record_heartbeat(left._trial_id)
     time.sleep(4.5)  # past the grace period of 3 heartbeats, on SQLite's clock of whole seconds (3.5 s could read 3)
     with lease(storage) as other_search:
@@ -153,7 +154,7 @@ def test_a_trial_whose_heartbeat_stopped_before_the_search_started_is_failed_wit
     assert failed.state == TrialState.FAIL and failed.user_attrs["status"] == "abandoned"
     assert failed.user_attrs["reason"] == nas.study.recovery.STALE_REASON
     (retry,) = retries_of(trials, left.number)
-    assert counts(retry) and key_seed(retry) == (MEMBERS[1], 0)
+    assert counts(retry) and key_seed(retry) == (member.key(), 0)
 
 
 def test_ctrl_c_marks_the_running_trial_interrupted_requeues_it_and_exits_130(tmp_path):
