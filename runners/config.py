@@ -89,6 +89,15 @@ class TrainConfig:
         """Optimiser steps: the token budget in whole batches (at least one)."""
         return max(1, self.tokens // self.tokens_per_step)
 
+    def whole_steps_note(self) -> str | None:
+        """What a run trains where the token budget is no whole number of steps (``steps`` rounds it down); None
+        where it is."""
+        if self.tokens % self.tokens_per_step == 0:
+            return None
+        return (f"{self.tokens:,} tokens are no whole number of steps of {self.batch_size} x {self.seq_len} = "
+                f"{self.tokens_per_step:,} tokens: each run trains {self.steps:,} steps, "
+                f"{self.steps * self.tokens_per_step:,} tokens")
+
     def with_(self, **changes: Any) -> TrainConfig:
         return replace(self, **changes)
 

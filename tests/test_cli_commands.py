@@ -57,6 +57,11 @@ def test_train_runs_one_shape_and_writes_its_result(tmp_path):
     assert written["status"] == "ok" and math.isfinite(written["val_loss"]) and written["tokens_seen"] == 2048
     assert written["params"]["total"] == arch.n_params()["total"] and written["steps"] == 16
     assert 0 < written["mfu"] < 1 and written["tokens_per_s"] > 0 and written["world_size"] == 1
+    assert "note:" not in result.stderr  # 2,048 tokens are 16 whole steps of 4 x 32
+    rounded = invoke("train", "--config", str(config), "--preset", "tiny", "--tokens", "1k", "-o", str(out))
+    assert rounded.exit_code == 0, rounded.output  # it trained 896 tokens where every line named 1,000, silently
+    assert "note: 1,000 tokens are no whole number of steps of 4 x 32 = 128 tokens: each run trains 7 steps, 896 " \
+           "tokens" in rounded.stderr and json.loads(out.read_text())["tokens_seen"] == 896
 
 
 @pytest.mark.parametrize("args, says", [
