@@ -4,7 +4,9 @@ A row is a valid ``nas train --config`` (its ``arch``, with ``kv_heads`` when gr
 rows is a leaderboard (``--rank``); ``kv_heads`` and ``kv_cache_bytes_per_token`` are each shape's keys and
 values per layer and what they cost an inference. Scores: mean loss over seeds with its 95 % interval, the
 gain of the means, the paired gain over the baseline on common seeds without the selecting seed
-(``nas.stats.evidence.Evidence.honest_gain``) and whether the shape is tied with the best.
+(``nas.stats.evidence.Evidence.honest_gain``), whether the shape is tied with the best, and whether it is the
+answer's pick (``is_answer_pick``: after a race, the race's winner, which the board's shrunk ranking need not put
+first).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from reports.summary import shape_label
 
 def _number(value: Any) -> Any:
     value = value.item() if hasattr(value, "item") else value
+    if isinstance(value, float) and value == 0:
+        return 0.0  # not -0.0: the baseline's gain over itself printed as "-0.0"
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
@@ -26,7 +30,8 @@ def export_rows(data: StudyData, top: int) -> list[dict[str, Any]]:
     """The ``top`` best shapes and the baseline, ranked (see the module docstring)."""
     if data.board.empty:
         return []
-    tied = set(data.answer().tied)
+    answer = data.answer()
+    tied = set(answer.tied)
     rows = []
     for r in data.board[(data.board.index < top) | data.board["is_baseline"]].itertuples():
         gain = data.evidence.honest_gain(r.key) if r.key != data.baseline_key else None
@@ -44,7 +49,7 @@ def export_rows(data: StudyData, top: int) -> list[dict[str, Any]]:
             "gain_pct": _number(r.gain_pct),
             "paired_gain_pct": gain.gain_pct if gain else None, "paired_gain_low": gain.low_pct if gain else None,
             "paired_gain_high": gain.high_pct if gain else None, "paired_seeds": gain.n if gain else 0,
-            "tied_with_best": r.key in tied, "params": _number(r.params),
+            "tied_with_best": r.key in tied, "is_answer_pick": r.key == answer.best, "params": _number(r.params),
             "tokens_per_s": _number(r.tokens_per_s), "trials": r.trials, "is_baseline": bool(r.is_baseline),
             "key": r.key, "study": data.name, "space": data.space_name, "preset": data.preset, "arch": r.arch,
         })

@@ -75,7 +75,9 @@ def leaderboard_section(data: StudyData, summary: Summary, top: int) -> Section:
     for r in shown.itertuples():
         gain = data.evidence.honest_gain(r.key) if r.key != data.baseline_key else None
         credible, paired = expected_gain_text(r), gain_text(data, r.key, gain)
-        rows.append({"rank": r.rank, "shape": shape_label(data, r.key), "seeds": r.seeds,
+        pick = r.key == summary.best and r.rank != 1  # the answer's shape where the board ranks it lower (a race)
+        rows.append({"rank": r.rank, "shape": shape_label(data, r.key) + (" (the answer's pick)" if pick else ""),
+                     "seeds": r.seeds,
                      first: credible if adaptive else paired, second: paired if adaptive else credible,
                      "loss on the baseline's seeds": r.loss_on_baseline_seeds, "seed-adj. loss": r.adjusted_loss,
                      "tied with best": r.key in tied, "params": r.params, "tokens/s": r.tokens_per_s,

@@ -126,10 +126,7 @@ def detail_sentences(data: StudyData, answer: Answer) -> str:
         out.append(f"{others} other shape{'s are' if others > 1 else ' is'} tied with the best (the leaderboard's "
                    f"'{TIED_COLUMN}' column).")
     if answer.above:
-        n = len(answer.above)
-        unraced = answer.policy == "race" and not set(answer.above) & set(answer.race_candidates)
-        out.append(f"{n} shape{'s' if n > 1 else ''} above it in the leaderboard rest on fewer seeds"
-                   + (" and were not raced." if unraced else "."))
+        out.append(above_sentence(data, answer))
     if answer.cheapest is not None:
         out.append(kv_sentence(data, answer.cheapest))
     failed = {what.removeprefix("failed (").removesuffix(")"): n for what, n in outcome_counts(data).items()
@@ -138,6 +135,29 @@ def detail_sentences(data: StudyData, answer: Answer) -> str:
         parts = ", ".join(f"{n} {why}" for why, n in sorted(failed.items()))
         out.append(f"Left out of the board: {parts} (recorded as failures; their shapes have no score here).")
     return " ".join(out)
+
+
+def above_sentence(data: StudyData, answer: Answer) -> str:
+    """Why the board's rows above the best are not the answer: fewer seeds (and, after a race, not raced), or, after a
+    race, the board's shrunk expected gain ranking them higher where the race picked the best by its paired gain on
+    the race's common seeds. It said "rest on fewer seeds" of rows with as many seeds as the best, or more."""
+    seeds = {key: len(data.scores[key].seeds) for key in (*answer.above, answer.best) if key in data.scores}
+    own = seeds.get(answer.best or "", 0)
+    fewer = [key for key in answer.above if seeds.get(key, 0) < own]
+    parts = []
+    if fewer:
+        unraced = answer.policy == "race" and not set(fewer) & set(answer.race_candidates)
+        many = len(fewer) > 1
+        parts.append(f"{len(fewer)} shape{'s' if many else ''} above it in the leaderboard "
+                     f"{'rest' if many else 'rests'} on fewer seeds"
+                     + (f" and {'were' if many else 'was'} not raced" if unraced else ""))
+    others = len(answer.above) - len(fewer)
+    if others:
+        how = (": the race picked it by its paired gain on the race's common seeds" if answer.policy == "race"
+               else "")
+        parts.append(f"{others} shape{'s' if others > 1 else ''} with as many seeds or more "
+                     f"{'rank' if others > 1 else 'ranks'} above it on the leaderboard's shrunk expected gain{how}")
+    return "; ".join(parts) + "."
 
 
 def kv_sentence(data: StudyData, key: str) -> str:

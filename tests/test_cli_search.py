@@ -150,6 +150,8 @@ def test_best_json_gives_mean_and_ci_over_seeds_and_gain_over_the_baseline(small
     base_losses = [t.values[0] for t in counted(trials) if t.user_attrs["key"] == trials[0].user_attrs["key"]]
     assert base["seeds"] == 2 and base["mean_loss"] == pytest.approx(mean(base_losses))
     assert base["ci95"] > 0 and base["gain_pct"] == 0 and base["heads"] == "4x4"
+    assert '"-0.0' not in result.stdout  # the baseline's gains over itself are 0.0 (they printed as -0.0)
+    assert sum(r["is_answer_pick"] for r in rows) == 1  # the answer's shape, marked (a race's need not rank first)
     for r in rows:
         assert r["params"] > 0 and r["tokens_per_s"] > 0 and r["k"] == 1 and r["layers"] == 4
         assert r["gain_pct"] == pytest.approx(100 * (base["mean_loss"] - r["adjusted_loss"]) / base["mean_loss"])

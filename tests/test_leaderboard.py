@@ -137,3 +137,26 @@ def test_the_history_line_replays_the_leaderboards_ranking_in_trial_order(study)
         prior = shrunk_gains(scores, BASE.key())[1]
         spreads.add(None if prior is None or not prior.shrinks else prior.tau > 0)
     assert {None, True} <= spreads  # replayed before the prior could be estimated and after
+
+
+def test_the_rows_above_the_answers_pick_are_said_for_what_they_are():
+    """After a race the pick (its winner) sat third on the board, below two shapes with 5 and 6 seeds against its 5,
+    and the answer said "2 shapes above it in the leaderboard rest on fewer seeds"."""
+    from types import SimpleNamespace
+
+    from nas.stats.scores import ShapeScores
+    from reports.summary import above_sentence
+
+    def scores(key: str, n: int) -> ShapeScores:
+        return ShapeScores(key, tuple(range(n)), tuple(range(n)), (3.0,) * n)
+
+    data = SimpleNamespace(scores={k: scores(k, n) for k, n in (("a", 5), ("base", 6), ("pick", 5), ("b", 1))})
+    race = SimpleNamespace(above=("a", "base"), best="pick", policy="race", race_candidates=("base", "a", "pick"))
+    assert above_sentence(data, race) == ("2 shapes with as many seeds or more rank above it on the leaderboard's "
+                                          "shrunk expected gain: the race picked it by its paired gain on the race's "
+                                          "common seeds.")
+    mixed = SimpleNamespace(above=("b", "a"), best="pick", policy="race", race_candidates=("base", "a", "pick"))
+    assert above_sentence(data, mixed) == ("1 shape above it in the leaderboard rests on fewer seeds and was not "
+                                           "raced; 1 shape with as many seeds or more ranks above it on the "
+                                           "leaderboard's shrunk expected gain: the race picked it by its paired "
+                                           "gain on the race's common seeds.")

@@ -103,7 +103,9 @@ def best(
         return "-"
 
     for r in rows:
-        tag = "  (baseline)" if r["is_baseline"] else ""
+        pick = r["is_answer_pick"] and len(rows) > 1  # the answer's shape, which a race need not rank first
+        tag = "  (" + ", ".join(t for t, on in (("baseline", r["is_baseline"]), ("the answer's pick", pick)) if on) \
+            + ")" if r["is_baseline"] or pick else ""
         tied = "yes" if r["tied_with_best"] else ""
         on_base = f"{r['loss_on_baseline_seeds']:.4f}" if r["loss_on_baseline_seeds"] is not None else "-"
         gains = (expected(r), paired(r)) if adaptive else (paired(r), expected(r))
