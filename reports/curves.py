@@ -12,7 +12,7 @@ from reports.frame import StudyData
 from reports.leaderboard import ci95
 from reports.page import Section, plot_text
 from reports.summary import shape_label
-from reports.width_depth import PAPER_BAND, WidthDepthPoint, fit_width_depth
+from reports.width_depth import PAPER_BAND, QuadraticFit, WidthDepthPoint, fit_width_depth
 
 K_COLOURS = ("#22558c", "#d95f02", "#1b9e77", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d")
 
@@ -54,6 +54,17 @@ def budget_text(rows: list[dict]) -> str:
     return f"a budget of {params[len(params) // 2] / 1e6:.3g}M parameters" if params else "this budget"
 
 
+def interval_text(fit: QuadraticFit) -> str:
+    """`` (95 % bootstrap interval [a, b])`` where the resamples bound the minimum; else how many have none: with 2.5 %
+    of them or more without a minimum, a 95 % interval is unbounded, and percentiles of the rest could even leave the
+    fitted minimum outside them (6.56e+03 beside [0.0859, 4.36e+03], 51 % of the resamples not U-shaped)."""
+    if fit.bounded:
+        return f" (95 % bootstrap interval [{fit.low:.3g}, {fit.high:.3g}])"
+    if fit.bootstrap_misses:
+        return f" (no bounded 95 % interval: {100 * fit.bootstrap_misses:.0f} % of the resamples have no minimum)"
+    return ""
+
+
 def width_depth_figure(rows: list[dict], notes: list[str]) -> go.Figure:
     points = [WidthDepthPoint(r["label"], float(r["ratio"]), tuple(r["losses"])) for r in rows]
     fig = go.Figure(_scatter_by_k(rows, "ratio"))
@@ -65,23 +76,23 @@ def width_depth_figure(rows: list[dict], notes: list[str]) -> go.Figure:
                                  line={"color": "#444", "dash": "dot"}))
         if fit.minimum is not None:
             where = "inside" if fit.minimum_inside else "outside (an extrapolation)"
-            misses = (f", {100 * fit.bootstrap_misses:.0f} % of resamples not U-shaped"
-                      if fit.bootstrap_misses else "")
-            interval = (f" (95 % bootstrap interval [{fit.low:.3g}, {fit.high:.3g}]{misses})"
-                        if fit.low is not None else "")
             notes.append(f"Fit: loss = a + b x + c x^2 in x = log(d_model/L), weighted least squares over "
-                         f"{fit.n_points} shapes; minimum at d_model/L = {fit.minimum:.3g}{interval}, {where} the "
-                         f"trained range [{lo:.3g}, {hi:.3g}].")
-            notes.append(f"This study's optimum, d_model/L = {fit.minimum:.3g}"
-                         + (f" [{fit.low:.3g}, {fit.high:.3g}]" if fit.low is not None else "")
-                         + f" at {budget_text(rows)}, beside the Hourglass paper's {PAPER_BAND[0]:.0f}-"
-                         f"{PAPER_BAND[1]:.0f} at 113M parameters" + ("" if fit.minimum_inside else
-                                                                      " (this one an extrapolation)") + ".")
+                         f"{fit.n_points} shapes; minimum at d_model/L = {fit.minimum:.3g}{interval_text(fit)}, "
+                         f"{where} the trained range [{lo:.3g}, {hi:.3g}].")
+            if fit.resolved:
+                notes.append(f"This study's optimum, d_model/L = {fit.minimum:.3g} [{fit.low:.3g}, {fit.high:.3g}] "
+                             f"at {budget_text(rows)}, beside the Hourglass paper's {PAPER_BAND[0]:.0f}-"
+                             f"{PAPER_BAND[1]:.0f} at 113M parameters.")
+            else:
+                why = ("its fitted minimum lies outside the trained range" if not fit.minimum_inside else
+                       f"{100 * fit.bootstrap_misses:.0f} % of the resamples have no minimum")
+                notes.append(f"No optimum of d_model/L is resolved at {budget_text(rows)}: {why}.")
             if fit.minimum_inside:
                 fig.add_trace(go.Scatter(x=[fit.minimum], y=fit.predict(np.array([fit.minimum])).tolist(),
-                                         mode="markers", name="fitted minimum (band: 95 % bootstrap)",
+                                         mode="markers", name="fitted minimum" + (" (band: 95 % bootstrap)"
+                                                                                  if fit.resolved else ""),
                                          marker={"symbol": "x", "size": 12, "color": "#1d2733"}))
-                if fit.low is not None:
+                if fit.resolved:
                     fig.add_vrect(x0=max(fit.low, lo), x1=min(fit.high, hi), fillcolor="#22558c", opacity=0.08,
                                   line_width=0)
         else:

@@ -55,6 +55,16 @@ class QuadraticFit:
         return self.a + self.b * x + self.c * x ** 2
 
     @property
+    def bounded(self) -> bool:
+        """Whether the bootstrap bounds the minimum: an interval, from fewer than 2.5 % of resamples without one."""
+        return self.low is not None and self.high is not None and self.bootstrap_misses < 0.025
+
+    @property
+    def resolved(self) -> bool:
+        """An optimum this study can state: its minimum inside the trained range, with a bounded interval."""
+        return self.minimum_inside and self.bounded
+
+    @property
     def minimum_inside(self) -> bool:
         """The minimum lies within the range of trained shapes (otherwise it is an extrapolation)."""
         return self.minimum is not None and self.x_range[0] <= self.minimum <= self.x_range[1]

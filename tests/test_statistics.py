@@ -124,7 +124,21 @@ def test_the_width_depth_fit_recovers_a_known_optimum(optimum):
     fit = fit_width_depth(points, resamples=500)
     assert fit.minimum_inside and abs(math.log(fit.minimum / optimum)) < 0.2
     assert fit.low < optimum < fit.high and fit.bootstrap_misses == 0
-    assert fit.c == pytest.approx(0.05, rel=0.2)
+    assert fit.c == pytest.approx(0.05, rel=0.2) and fit.resolved
+
+
+def test_a_curve_the_noise_leaves_flat_states_no_interval_and_no_optimum():
+    """Half the resamples without a minimum: their percentiles, [0.0859, 4.36e+03], left the fitted 6.56e+03 outside
+    its own "95 % interval", and the report called it "This study's optimum"."""
+    from reports.curves import interval_text
+
+    rng = np.random.default_rng(3)
+    points = [WidthDepthPoint(str(r), float(r), tuple(3.0 + rng.normal(0, 0.05, size=2)))
+              for r in (2.0, 4.0, 8.0, 16.0, 32.0, 64.0)]
+    fit = fit_width_depth(points, resamples=400)
+    assert fit.bootstrap_misses >= 0.025 and not fit.bounded and not fit.resolved
+    assert interval_text(fit) == (f" (no bounded 95 % interval: {100 * fit.bootstrap_misses:.0f} % of the resamples "
+                                  "have no minimum)")
 
 
 def test_a_monotone_curve_has_no_minimum_and_too_few_points_no_fit():
