@@ -146,7 +146,8 @@ def estimate_json(rule: Rule, estimate: RuleEstimate) -> dict[str, object]:
     interval = [estimate.low, estimate.high] if estimate.low is not None else None
     return {"name": rule.name, "unit": rule.unit, "estimate": estimate.estimate, "ci95": interval,
             "percent": estimate.percent(estimate.estimate), "mdg": estimate.mdg, "verdict": estimate.verdict,
-            "confounded_with": estimate.confounded_with, "sd": estimate.sd, "df": estimate.df or None,
+            "confounded_with": estimate.confounded_with, "carried_by": estimate.carried_by, "sd": estimate.sd,
+            "df": estimate.df or None,
             "change": rule.change, "change_percent": effect[0] if effect else None,
             "change_ci95": [effect[1], effect[2]] if effect else None}
 

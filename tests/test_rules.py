@@ -307,3 +307,24 @@ def test_the_designed_sample_spans_the_rules_and_spreads_before_it_repeats():
     assert len(set(values)) == 8  # distinct combinations first
     assert {v[0] for v in values} >= {0.0, 4.0} and {v[1] for v in values} == {0.0, 1.0, 2.0}  # both ends of each
     assert "s7" in chosen or covariates["s7"] not in values  # a combination's best-measured shape stands for it
+
+
+def test_a_rule_one_shape_carries_is_not_called_resolved():
+    """Eight shapes at d_h/d_model 0.3-1.0, the baseline alone at 2.75 and 0.25 nats better: the slope was
+    "resolved" and put in the answer, though it was the baseline's one run against the rest."""
+    from nas.stats.rules import CARRIED
+
+    rng = np.random.default_rng(0)
+    values = [0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 2.75]
+    scores, covariates = {}, {}
+    for i, x in enumerate(values):
+        key = f"s{i}"
+        loss = 3.0 + rng.normal(0, 0.01) - (0.25 if x > 2 else 0.0)  # flat among the eight: only the lone one differs
+        scores[key] = ShapeScores(key, (i,), (0,), (loss,))
+        covariates[key] = [x, float(i % 2)]
+    fit = fit_rules(scores, covariates, ["a", "b"], 3.0)
+    carried = fit.estimate("a")
+    assert carried.verdict == CARRIED and carried.carried_by == "s8" and carried.estimate < 0
+    assert "a" not in [e.name for e in fit.resolved]  # so no sentence of the answer states it
+    spread = {**covariates, "s8": [1.1, 0.0]}  # the same shape beside the others: nothing stands alone
+    assert fit_rules(scores, spread, ["a", "b"], 3.0).estimate("a").verdict != CARRIED

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from scipy.special import stdtrit
@@ -65,10 +65,12 @@ from nas.stats.shrinkage import LOG_LAMBDA_GRID, MIN_COMPONENT_WEIGHT
 CONFOUNDED = 1e-3  # 1 - R^2 of a rule's column on the other fixed effects below this: it was never varied apart
 MIN_SHAPES = 3  # a rule needs shapes to vary across, and the model a spread to estimate
 MIN_SHAPE_DF = 4  # S - 1 - R below this: the flat prior on tau leaves the interval to the grid's end (no number)
+MAX_SHARE = 0.5  # one shape's leverage in a rule's column above this: the shape is most of what varies the rule
 GOLDEN_STEPS = 48  # golden-section steps refining REML's log lambda: the bracket (1 wide) shrinks to 1e-10
 
 RESOLVED, NOT_RESOLVED, CONFOUNDED_VERDICT, NOT_VARIED = "resolved", "not resolved", "confounded", "not varied"
 TOO_FEW_SHAPES = "too few shapes"
+CARRIED = "carried by one shape"  # resolved with every shape, not without the one at an end of the rule's range
 SEED_EFFECTS = "the seed effects"  # what a rule constant within each seed is confounded with
 
 
@@ -89,6 +91,7 @@ class RuleEstimate:
     confounded_with: str | None = None  # the rule (or "the seed effects") it was never varied apart from
     at: float | None = None  # a rule fitted with its square: the covariate value its slope is read at (the mean)
     proxy_at: bool = False  # ``at`` is another study's (the proxy's, for a longer budget), not this one's mean
+    carried_by: str | None = None  # ``CARRIED``: the shape without which the rule is not resolved
 
     @property
     def estimated(self) -> bool:
@@ -285,7 +288,7 @@ def _confounding(seeds: np.ndarray, x: np.ndarray, names: Sequence[str]) -> dict
 
 def fit_rules(scores: Mapping[str, ShapeScores], covariates: Mapping[str, Sequence[float]], names: Sequence[str],
               baseline_loss: float | None = None, squares: Mapping[str, str] | None = None,
-              at: Mapping[str, float] | None = None) -> RuleFit | None:
+              at: Mapping[str, float] | None = None, influence: bool = True) -> RuleFit | None:
     """The rule model (module docstring) on every shape of ``scores`` with ``covariates`` (shape key -> one value a
     rule of ``names``); a seed trained twice counts with its mean, as in the shape model. None with fewer than
     ``MIN_SHAPES`` shapes or too few runs for the seeds and rules.
@@ -294,7 +297,12 @@ def fit_rules(scores: Mapping[str, ShapeScores], covariates: Mapping[str, Sequen
     ``(x - c)^2``, at the shapes' mean ``c`` (or ``at[rule]`` when given: a longer budget's fit reads it where the
     proxy's did), so that the rule's own coefficient is the slope at ``c`` (``RuleEstimate.at``): uncentred, it is the
     slope at ``x = 0`` (at ``d_model / L = 1`` for the width-depth U), an extrapolation no study measures, and ``x``
-    and ``x^2`` over a narrow range are nearly collinear. The curvature and the fit are the same either way."""
+    and ``x^2`` over a narrow range are nearly collinear. The curvature and the fit are the same either way.
+
+    ``influence``: a resolved rule is fitted again without the shape at each end of its range (the two with the most
+    leverage on its slope); where either refit no longer resolves it with the same sign, or no longer varies it, its
+    verdict is ``CARRIED`` (``carried_by`` names the shape): eight shapes at ``d_h / d_model`` 0.3-1.0 and the
+    baseline alone at 2.75 "resolved" a slope that was the baseline's one run against the rest."""
     names = tuple(names)
     keys = [k for k in scores if k in covariates and scores[k].n]
     rows = [(s, seed, loss) for s, k in enumerate(keys) for seed, loss in mean_by_seed(scores[k]).items()]
@@ -349,12 +357,40 @@ def fit_rules(scores: Mapping[str, ShapeScores], covariates: Mapping[str, Sequen
             out.append(RuleEstimate(name, verdict, value, sd, low, high, (q + power_q) * sd, df, baseline_loss,
                                     at=centres[square] if square else None,
                                     proxy_at=bool(square and at and name in at)))
+    if influence:
+        out = [_influence_checked(e, scores, covariates, names, baseline_loss, squares, at, keys,
+                                  values[:, names.index(e.name)]) if e.verdict == RESOLVED else e for e in out]
     seed_effect = u[[seed_index[seed] for _, seed, _ in rows]]  # (n,)
     adjusted = {keys[s]: float(np.mean((y - seed_effect)[shape == s])) for s in range(len(keys))}
     return RuleFit(names, tuple(out), len(y), len(keys), len(seed_list), tau, sigma, df, baseline_loss,
                    tuple(names[j] for j in fitted), beta, covariance,
                    {k: tuple(float(v) for v in covariates[k]) for k in keys}, adjusted,
                    {sq: c for sq, c in centres.items() if sq in pairs}, pairs)
+
+
+def _influence_checked(estimate: RuleEstimate, scores: Mapping[str, ShapeScores],
+                       covariates: Mapping[str, Sequence[float]], names: tuple[str, ...], baseline_loss: float | None,
+                       squares: Mapping[str, str] | None, at: Mapping[str, float] | None, keys: list[str],
+                       column: np.ndarray) -> RuleEstimate:
+    """``estimate`` (resolved), or it as ``CARRIED`` by the shape at an end of its range (``column``: the rule's value
+    for each of ``keys``, a square's centred) that holds more than half the rule's spread over the shapes
+    (``MAX_SHARE``: its leverage in the rule's own column, ``1/S + (x_s - mean)^2 / sum (x - mean)^2``), or without
+    which a refit does not resolve it with the same sign. A refit left with too few shapes to read any rule cannot
+    tell, and its share decides alone."""
+    spread = float(((column - column.mean()) ** 2).sum())
+    for end in dict.fromkeys((int(np.argmin(column)), int(np.argmax(column)))):
+        left = keys[end]
+        if 1 / len(column) + (column[end] - column.mean()) ** 2 / spread > MAX_SHARE:
+            return replace(estimate, verdict=CARRIED, carried_by=left)
+        refit = fit_rules({k: v for k, v in scores.items() if k != left}, covariates, names, baseline_loss, squares,
+                          at, influence=False)
+        again = refit.estimate(estimate.name) if refit is not None else None
+        if again is not None and again.verdict == TOO_FEW_SHAPES:
+            continue
+        held = again is not None and again.verdict == RESOLVED and (again.estimate > 0) == (estimate.estimate > 0)
+        if not held:
+            return replace(estimate, verdict=CARRIED, carried_by=left)
+    return estimate
 
 
 def _estimate(design: _Design, n_rules: int, n_shapes: int, n_seeds: int):
