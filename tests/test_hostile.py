@@ -233,7 +233,9 @@ BAD_OUTPUTS = {"character device": "chardev", "fifo": "fifo", "read-only file": 
                "~nosuchuser4242/out.json", "the dot": ".",
                # what writing would destroy: `nas report -o nas.db` replaced the study it read with its page
                "the study's database": "study.db", "a link to it": "link.db", "another program's database": "other.db",
-               "the database's write-ahead log": "study.db-wal", "the search lock beside it": "study.db-searches"}
+               "the database's write-ahead log": "study.db-wal", "the search lock beside it": "study.db-searches",
+               # a folder access() calls writable that takes no file: train -o trained, then lost its result there
+               "a folder that takes no file": "/proc/out.json"}
 OUTPUT_COMMANDS = {
     "report -o": lambda o: ["report", "--storage", "sqlite:///study.db", "-o", o],
     "export -o": lambda o: ["export", "--storage", "sqlite:///study.db", "-o", o],
@@ -251,6 +253,12 @@ def test_an_output_target_that_cannot_be_written_is_refused_before_any_work(plac
                                                                                 "read-only file"):
         return  # these take a folder, made with its parents when missing (a file there: "fifo", "device" cover it)
     refused(place, OUTPUT_COMMANDS[command](BAD_OUTPUTS[family]))
+
+
+@pytest.mark.parametrize("command", sorted(OUTPUT_COMMANDS))
+def test_a_folder_that_takes_no_file_is_refused_before_any_work(place, command):
+    """/proc passes access(W_OK) for root yet creates nothing: `train -o` trained, then failed to write its result."""
+    assert "takes no new file" in refused(place, OUTPUT_COMMANDS[command]("/proc/out.json"))
 
 
 EMPTY_PATHS = {**OUTPUT_COMMANDS,

@@ -105,9 +105,9 @@ def train(
     if not speaks:
         return
     text = json.dumps(result, indent=2, default=str)
+    typer.echo(text)  # first: a file that cannot be written after all still leaves the result on the screen
     if target is not None:
         target.write(text + "\n")
-    typer.echo(text)
     if result["status"] != "ok":
         typer.echo(f"run ended {result['status']}: {result['reason']}", err=True)
         raise typer.Exit(1)
