@@ -223,6 +223,9 @@ class Summary:
         return "Design rules: " + "; ".join(s[0].upper() + s[1:] + "." for s in self.rule_sentences)
 
 
+GAIN_COLUMN = "the answer's gain vs baseline"  # the paired gain, or after adaptive replicates the expected gain
+
+
 def _side(data: StudyData, key: str, what: str, gain: PairedGain | None) -> dict[str, Any]:
     row = data.board[data.board["key"] == key].iloc[0]
     base = data.board[data.board["key"] == data.baseline_key]
@@ -230,7 +233,7 @@ def _side(data: StudyData, key: str, what: str, gain: PairedGain | None) -> dict
     base_speed = base.iloc[0]["tokens_per_s"] if not base.empty else None
     return {"": what, "shape": shape_label(data, key), "seeds": int(row["seeds"]), "mean loss": row["mean_loss"],
             "± 95 % CI": row["ci95"],
-            "paired gain vs baseline": gain_text(data, key, gain),
+            GAIN_COLUMN: gain_text(data, key, gain),
             "params": row["params"],
             "tokens/s vs baseline": speed / base_speed if speed and base_speed else None}
 

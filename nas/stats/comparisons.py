@@ -56,7 +56,8 @@ class PairedGain:
         if self.low_pct is None:
             why = "1 paired seed: an interval needs 2" if self.n < 2 else f"{self.n} seeds"
             return f"{self.gain_pct:+.2f} % (no interval: {why})"
-        return f"{self.gain_pct:+.2f} % ({self.interval_name} [{self.low_pct:+.2f}, {self.high_pct:+.2f}], n={self.n})"
+        count = f"{self.n} seeds" if self.posterior else f"{self.n} paired seeds"  # "n=3" read as paired seeds
+        return f"{self.gain_pct:+.2f} % ({self.interval_name} [{self.low_pct:+.2f}, {self.high_pct:+.2f}], {count})"
 
 
 def common_differences(shape: ShapeScores, reference: ShapeScores,
