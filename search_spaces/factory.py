@@ -130,6 +130,11 @@ def kv_rule(opts: SpaceOptions, h_base: int) -> KVRule | None:
         raise UsageError(f"{', '.join(stray)} appl{'ies' if len(stray) == 1 else 'y'} with --kv-schedule")
     rule = KVRule.build(h_base, opts.kv_groups, bool(opts.kv_schedule), opts.min_kv_heads, opts.kv_min_plateau,
                         opts.kv_max_plateau)
+    if rule.groups == (1,) and opts.kv_groups is None and opts.min_kv_heads is not None and h_base > 1:
+        smallest = next(g for g in range(2, h_base + 1) if h_base % g == 0)  # the group size keeping most KV heads
+        raise UsageError(f"--min-kv-heads {opts.min_kv_heads} leaves no group size above 1: sharing among "
+                         f"{smallest} of the baseline's {h_base} heads already keeps only {h_base // smallest}; give "
+                         f"--min-kv-heads from 1 to {h_base // smallest}")
     if rule.groups == (1,):
         raise UsageError("group size 1 alone is multi-head attention, the space without --kv-groups: give group "
                          f"sizes above 1 that divide the baseline's {h_base} heads"

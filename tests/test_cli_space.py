@@ -87,12 +87,22 @@ def test_heads_not_dividing_d_model_is_one_line_and_exit_2():
         (["--space", "hourglass", "--k-values", "1,x"], "--k-values '1,x' is not a comma-separated list of ints"),
         (["--space", "hourglass", "--budget", "lots"], "--budget 'lots' is not a size"),
         (["--space", "hourglass", "--tolerance", "abc"], "--tolerance 'abc' is not a fraction"),
+        # it blamed "group size 1", which the user never gave
+        (["--kv-schedule", "--min-kv-heads", "12"], "--min-kv-heads 12 leaves no group size above 1: sharing among 2 "
+                                                    "of the baseline's 12 heads already keeps only 6; give "
+                                                    "--min-kv-heads from 1 to 6"),
     ],
 )
 def test_bad_options_are_one_line_and_exit_2(args, message):
     result = run("count", *args)
     assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1
     assert message in result.stderr
+
+
+def test_a_limit_past_any_count_is_one_line_and_exit_2():
+    result = run("list", "--space", "prism", "--limit", "99999999999999999999")  # islice's traceback before
+    assert result.exit_code == 2 and result.stderr.startswith("error: --limit 99999999999999999999 is invalid: give a "
+                                                              "count from 0 to ")
 
 
 def test_show_a_valid_schedule():

@@ -259,8 +259,8 @@ def count_command(opts: SpaceOptions) -> None:
 @with_space_options
 def list_command(opts: SpaceOptions, format: FormatOpt = ListFormat.table, limit: LimitOpt = None) -> None:
     """List the members, baseline first, as an aligned table, a JSON array or CSV."""
-    if limit is not None and limit < 0:
-        raise UsageError(f"--limit {limit} is invalid: give a count >= 0")
+    if limit is not None and not 0 <= limit <= sys.maxsize:  # islice takes no more; no space holds that many
+        raise UsageError(f"--limit {limit} is invalid: give a count from 0 to {sys.maxsize:,} (or leave it out)")
     space = build_space(opts)
     rows = (space.row(arch) for arch in islice(space, limit))
     if format.value == "json":
