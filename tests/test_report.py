@@ -378,3 +378,15 @@ def test_the_staircase_titles_give_the_leaderboards_seed_adjusted_loss():
         rank = "baseline" if title.startswith("baseline") else int(title.split(":")[0].removeprefix("rank "))
         row = data.board[data.board["is_baseline"]].iloc[0] if rank == "baseline" else board.loc[rank]
         assert title.endswith(f"seed-adj. loss {row['adjusted_loss']:.4f}"), title
+
+
+def test_the_re_run_hint_names_the_storage_it_was_read_from():
+    """It left --storage out, so the command as printed looked for the default nas.db."""
+    from reports.reruns import reruns_section
+
+    data = read_study(synthetic_study(SyntheticSpec(space="prism", preset="tiny", trials=6)))
+    assert "--storage" not in reruns_section(data).empty  # the default storage: nothing to add
+    data.storage = "postgresql://nas:secret@db/nas"
+    hint = reruns_section(data).empty
+    assert "--storage 'postgresql://nas:***@db/nas' --top K" in hint and "secret" not in hint
+    assert hint.endswith("(*** stands for the storage's password, not printed)")

@@ -140,6 +140,7 @@ def report(
     target = OutputFile.of(output, "-o")  # checked before the study is read: a bad target costs nothing
     study, store = open_existing_study(storage, study_name)
     data = read_study(study, read_reruns(store, study.study_name))
+    data.storage = storage if storage != DEFAULT_STORAGE else None  # the page's commands name it where it is not
     warn_skipped(data)
     path, seconds = write_report(data, target, top, plotlyjs.value)
     size = path.stat().st_size / 2**20
