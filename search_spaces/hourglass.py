@@ -373,7 +373,7 @@ class HourglassSpace(SearchSpace):
             "budget": self.budget, "budget_deviation": self.deviation(arch),
             "d_model_per_layer": arch.d_model / arch.n_layers, "d_h_over_d_model": arch.ffn.hidden / arch.d_model,
             "grid_ratio": None if point is None else point.ratio,
-            **({"kv_group": arch.kv_groups()[0], "kv_heads": arch.kv_per_layer()[0],
+            **({"kv_group": arch.kv_groups()[0], "kv_heads": list(arch.kv_per_layer()),
                 "kv_cache_bytes_per_token": arch.kv_cache_bytes_per_token()} if self.grouped else {}),
             "key": arch.key(),
         }

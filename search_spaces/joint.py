@@ -132,6 +132,8 @@ class JointSpace(SearchSpace):
         row = self.hourglass.row(shape)
         prism_row = self._prisms[shape.key()].row(arch)
         row.update({key: prism_row[key] for key in ("heads", "plateaus", "head_dims", "n_plateaus", "baseline_layers")})
+        if "kv_heads" in row:  # the schedule's own, per layer (the skeleton's were its uniform heads' groups)
+            row["kv_heads"] = list(arch.kv_per_layer())
         suffix = "" if prism_row["is_baseline"] else "+prism"
         row["kind"] = "baseline" if arch == self.baseline() else row["kind"] + suffix
         row["key"] = arch.key()

@@ -282,3 +282,13 @@ def test_the_gpu_gqa_preset_states_its_arithmetic_and_the_papers_presets_keep_th
     result = CliRunner().invoke(app, ["presets"])
     assert "the 7817-member joint space is sampled" in result.stdout
     assert "KV cache 36,864 bytes/token at the baseline, 18,432 at group size 2" in result.stdout
+
+
+@pytest.mark.parametrize("space", ["hourglass", "joint"])
+def test_a_grouped_listing_row_gives_each_layers_key_value_heads_as_its_shape_has_them(space):
+    """A joint row of h=2x2,6x2 kv=1x2,3x2 said "kv_heads": 3 (its uniform skeleton's, as one number)."""
+    built = build_space(SpaceOptions(space=space, layers=4, d_model=32, heads=4, ffn_hidden=88, kv_groups=(2, 4)))
+    for arch in itertools.islice(built, 400):
+        row = built.row(arch)
+        if "kv_heads" in row:
+            assert row["kv_heads"] == list(arch.kv_per_layer()), row["key"]
