@@ -552,6 +552,9 @@ def test_export_a_study_row_fresh_and_a_trained_checkpoint_with_its_weights(runs
                 str(tmp_path / "alone"))  # no study: the shape from the run's result.json
     assert alone.exit_code == 0, alone.output
     assert "not linked to a study" in (tmp_path / "alone" / "README.md").read_text()
+    ranked = nas("export", "--storage", storage, "--checkpoint", str(root / "best"), "--rank", "1", "--format", "hf",
+                 "-o", str(tmp_path / "ranked"))  # the storage's only study, as --study-name's help says
+    assert ranked.exit_code == 0 and "row 1 of study 's'" in ranked.stderr, ranked.output
 
     baseline = next(r for r in json.loads((root / "best.json").read_text()) if r["is_baseline"])
     llama = nas("export", "--storage", storage, "--rank", "baseline", "--format", "llama", "-o",

@@ -94,7 +94,7 @@ def export_model_dir(study_name: str | None, storage: str, rank_text: str | None
     check_target(output, force, reads)  # before any reading: a refused target costs nothing
     run = read_run(checkpoint) if checkpoint is not None else None
     row, data_name, context = None, None, DEFAULT_CONTEXT
-    if study_name is not None or run is None:
+    if study_name is not None or run is None or rank is not None:  # --rank reads a study: the named or the only one
         from nas.cli.skipped import warn_skipped
         from nas.study.storage import open_existing_study
         from reports.export import export_rows
@@ -106,8 +106,6 @@ def export_model_dir(study_name: str | None, storage: str, rank_text: str | None
         row = pick_row(data, export_rows(data, len(data.board)), rank, run, store)
         data_name = data.data
         context = int((data.identity.get("train") or {}).get("seq_len") or DEFAULT_CONTEXT)
-    elif rank is not None:
-        raise UsageError("--rank picks a row of a study: give --study-name too")
     if run is not None:
         arch = run.arch
         if arch is None and row is not None and row["key"] == run.key:
