@@ -87,9 +87,11 @@ def training_section(data: StudyData, top: int = TOP_SHAPES) -> Section:
         fig.update_yaxes(title_text=what)
         fig.update_layout(height=400, margin={"t": 40, "l": 60, "r": 20, "b": 50}, legend={"font": {"size": 11}})
     # "on common seeds" only where a shown shape shares a seed with the baseline
-    shared = has_base and any(common_seeds(data, key) for key in keys if key != data.baseline_key)
-    seeds_said = "on common seeds" if shared else "on each shape's own seeds: " + (
-        "none shares a seed with the baseline" if has_base else "the baseline has no completed training")
+    others = [key for key in keys if key != data.baseline_key]
+    shared = has_base and any(common_seeds(data, key) for key in others)
+    seeds_said = ("on common seeds" if shared else "the baseline alone: no other shape has a completed training"
+                  if not others else "on each shape's own seeds: " + (
+                      "none shares a seed with the baseline" if has_base else "the baseline has no completed training"))
     evals.update_layout(title=f"Validation loss during training ({seeds_said})")
     trains.update_layout(title=f"Training loss ({seeds_said})")
     section.figures.extend([evals, trains])

@@ -133,6 +133,11 @@ def test_the_answer_says_what_happened_when_every_training_failed_the_baseline_f
     alone = summarise(read_study(synthetic_study(SyntheticSpec(space="prism", preset="tiny", trials=1))))
     assert alone.sentence == "Only the baseline has completed a training: no other shape to compare with it yet."
     assert not alone.detail
+    # its curves were titled "none shares a seed with the baseline": there was no other shape to share one
+    lone = training_section(read_study(synthetic_study(SyntheticSpec(space="prism", preset="tiny", trials=1))))
+    assert [f.layout.title.text for f in lone.figures] == [
+        "Validation loss during training (the baseline alone: no other shape has a completed training)",
+        "Training loss (the baseline alone: no other shape has a completed training)"]
     study = synthetic_study(SyntheticSpec(space="prism", preset="tiny", trials=6, diverge_share=0.0, prune_share=0.0))
     broken = optuna.create_study(study_name="baseline-diverged")
     broken.set_user_attr("nas:identity", study.user_attrs["nas:identity"])
