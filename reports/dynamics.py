@@ -81,8 +81,10 @@ def _importances(section: Section, study: optuna.Study, target: Callable[[Frozen
     """fANOVA parameter importances of the completed trainings, or a note saying why there are none."""
     try:
         fig = optuna.visualization.plot_param_importances(study, target=target, target_name="loss")
-        n_params = len(fig.data[0].y) if fig.data else 1
-        fig.update_layout(height=140 + 26 * n_params, title="Parameter importances (fANOVA, on the loss)")
+        names = list(fig.data[0].y) if fig.data else []
+        # every bar named: plotly's automatic ticks left one of three bars without its label at the old height
+        fig.update_yaxes(tickmode="array", tickvals=names, ticktext=names, automargin=True)
+        fig.update_layout(height=200 + 40 * max(1, len(names)), title="Parameter importances (fANOVA, on the loss)")
         section.figures.append(fig)
     except (ValueError, RuntimeError, ZeroDivisionError) as error:
         section.notes.append(f"Parameter importances: not available ({str(error).splitlines()[0][:160]}).")
