@@ -90,6 +90,24 @@ def _importances(section: Section, study: optuna.Study, target: Callable[[Frozen
         section.notes.append(f"Parameter importances: not available ({str(error).splitlines()[0][:160]}).")
 
 
+def readable_pareto(fig: go.Figure, names: list[str]) -> None:
+    """Optuna's Pareto plot made readable: the front in one solid colour and the rest in grey (its colour scales by
+    trial number drew trial 0, often the baseline on the front, near-white), and a hover of the trial and its values
+    (its hover was the trial's whole JSON, training curves included: a screen-high box)."""
+    for trace in fig.data:
+        front = trace.name == "Best Trial" or (trace.hovertemplate or "").endswith("<extra>Best Trial</extra>")
+        numbers = list(trace.marker.color) if trace.marker.color is not None else []
+        trace.marker.color = "#c0392b" if front else "#9aa5b1"
+        trace.marker.colorscale = None
+        trace.marker.showscale = False
+        trace.customdata = numbers
+        trace.name = "on the front" if front else "other trials"
+        trace.showlegend = True
+        trace.text = None
+        trace.hovertemplate = ("trial %{customdata}<br>" + f"{names[0]} %{{x}}<br>{names[1]} %{{y}}"
+                               + "<extra></extra>") if len(names) == 2 else "trial %{customdata}<extra></extra>"
+
+
 def dynamics_section(data: StudyData) -> Section:
     section = Section("dynamics", "Search dynamics",
                       "Read off whether the search still improves (history), where the pruner stopped shapes "
@@ -123,6 +141,7 @@ def dynamics_section(data: StudyData) -> Section:
         if data.multi_objective and len(complete) >= 1:
             names = [o.replace("_", " ") for o in data.objectives]
             fig = optuna.visualization.plot_pareto_front(copy, target_names=names)
+            readable_pareto(fig, names)
             fig.update_layout(height=420, title="Pareto front")
             section.figures.append(fig)
     return section

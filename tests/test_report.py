@@ -218,6 +218,14 @@ def test_a_study_whose_every_trial_was_pruned_draws_no_importances_and_logs_no_w
 def test_a_multi_objective_study_draws_its_pareto_front(objective):
     html, page = page_of(synthetic_study(SyntheticSpec(space="hourglass", trials=40, objectives=("loss", objective))))
     assert "Pareto front" in html and page.figures["dynamics"] == 2  # importances, the front (no 1-D history)
+    from reports.dynamics import dynamics_section
+
+    study = synthetic_study(SyntheticSpec(space="hourglass", trials=40, objectives=("loss", objective)))
+    (front,) = [f for f in dynamics_section(read_study(study)).figures if f.layout.title.text == "Pareto front"]
+    # the front in one solid colour (trial 0 was drawn near-white), and a hover of the trial and its two values,
+    # not the trial's whole JSON
+    assert {t.name: t.marker.color for t in front.data} == {"on the front": "#c0392b", "other trials": "#9aa5b1"}
+    assert all(t.text is None and t.hovertemplate.startswith("trial %{customdata}<br>loss %{x}") for t in front.data)
 
 
 def test_a_study_of_a_thousand_trials_reports_every_section():
