@@ -99,6 +99,18 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m benchmarks " + shlex.join(argv) if argv else "python -m benchmarks"
     figures: list[Figure] = []
     started = time.perf_counter()
+    try:
+        return run_figures(chosen, cfg, args, info, command, figures, started)
+    except KeyboardInterrupt:  # Ctrl-C, kill -INT: one line, as every command stops (a traceback before)
+        kept = (f"the {len(figures)} figure{'s' if len(figures) > 1 else ''} finished before it are in {args.out}"
+                if figures else "no figure had finished: nothing was written")
+        print(f"interrupted: {kept}; run the same command again for the rest", file=sys.stderr)
+        return 130
+
+
+def run_figures(chosen: list[tuple[int, str]], cfg: BenchConfig, args: argparse.Namespace, info: dict,
+                command: str, figures: list[Figure], started: float) -> int:
+    """Run each chosen figure, writing the outputs after every one (a long run keeps its results); the exit code."""
     for number, name in chosen:
         t0 = time.perf_counter()
         print(f"[{number}/{len(FIGURES)}] {name} ...", flush=True)
@@ -111,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                             seconds=time.perf_counter() - t0, smoke=args.smoke)
         figures.append(figure)
         print(f"      {verdict(figure.passed, figure.smoke)}: {figure.summary} ({figure.seconds:.0f} s)", flush=True)
-        threads = set_threads(args.threads)  # a figure that ran the proxy may have changed it
+        set_threads(args.threads)  # a figure that ran the proxy may have changed it
         info["total_seconds"] = round(time.perf_counter() - started, 1)
         md, js = write_outputs(args.out, figures, info, command)  # after every figure: a long run keeps its results
     print(f"wrote {md} and {js} ({info['total_seconds']:.0f} s)")

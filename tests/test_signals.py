@@ -388,3 +388,22 @@ def test_a_stop_before_a_command_handles_it_is_one_line_and_exit_130(tmp_path, s
     lines = done.stderr.splitlines()
     assert lines == ["interrupted: the command stopped before it finished; run the same command again"], lines
     assert not database.exists()  # it stopped before the search opened the storage
+
+
+def test_ctrl_c_in_a_benchmark_figure_is_one_line_and_exit_130(tmp_path):
+    """`nas bench` stopped mid-figure printed a 45-line KeyboardInterrupt traceback."""
+    from search_helpers import nas_env
+
+    out = tmp_path / "bench"
+    proc = subprocess.Popen([sys.executable, "-m", "benchmarks", "--smoke", "--only", "1", "--out", str(out)],
+                            cwd=tmp_path, env=nas_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().startswith("[1/13] prism_free"), "the figure did not start"
+        proc.send_signal(signal.SIGINT)
+        said = proc.communicate(timeout=120)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, said
+    assert said.splitlines() == ["interrupted: no figure had finished: nothing was written; run the same command "
+                                 "again for the rest"], said
