@@ -12,7 +12,7 @@ from reports.frame import StudyData
 from reports.leaderboard import ci95
 from reports.page import Section, plot_text
 from reports.summary import shape_label
-from reports.width_depth import PAPER_BAND, QuadraticFit, WidthDepthPoint, fit_width_depth
+from reports.width_depth import MAX_MISSES, PAPER_BAND, QuadraticFit, WidthDepthPoint, fit_width_depth
 
 K_COLOURS = ("#22558c", "#d95f02", "#1b9e77", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d")
 
@@ -55,13 +55,16 @@ def budget_text(rows: list[dict]) -> str:
 
 
 def interval_text(fit: QuadraticFit) -> str:
-    """`` (95 % bootstrap interval [a, b])`` where the resamples bound the minimum; else how many have none: with 2.5 %
-    of them or more without a minimum, a 95 % interval is unbounded, and percentiles of the rest could even leave the
-    fitted minimum outside them (6.56e+03 beside [0.0859, 4.36e+03], 51 % of the resamples not U-shaped)."""
+    """`` (95 % bootstrap interval [a, b])`` where the resamples bound the minimum (``QuadraticFit.bounded``), with
+    the share of resamples it is read from where some had no minimum; else why there is none: percentiles of the
+    resamples that had one, when half had none, left the fitted minimum outside them (6.56e+03 beside
+    [0.0859, 4.36e+03], 51 % of the resamples not U-shaped)."""
     if fit.bounded:
-        return f" (95 % bootstrap interval [{fit.low:.3g}, {fit.high:.3g}])"
+        share = (f" of the {100 * (1 - fit.bootstrap_misses):.0f} % of resamples with a minimum"
+                 if fit.bootstrap_misses else "")
+        return f" (95 % bootstrap interval [{fit.low:.3g}, {fit.high:.3g}]{share})"
     if fit.bootstrap_misses:
-        return f" (no bounded 95 % interval: {100 * fit.bootstrap_misses:.0f} % of the resamples have no minimum)"
+        return f" (no interval: {100 * fit.bootstrap_misses:.0f} % of the resamples have no minimum)"
     return ""
 
 
@@ -85,7 +88,8 @@ def width_depth_figure(rows: list[dict], notes: list[str]) -> go.Figure:
                              f"{PAPER_BAND[1]:.0f} at 113M parameters.")
             else:
                 why = ("its fitted minimum lies outside the trained range" if not fit.minimum_inside else
-                       f"{100 * fit.bootstrap_misses:.0f} % of the resamples have no minimum")
+                       f"{100 * fit.bootstrap_misses:.0f} % of the resamples have no minimum"
+                       if fit.bootstrap_misses >= MAX_MISSES else "its resamples do not bound it")
                 notes.append(f"No optimum of d_model/L is resolved at {budget_text(rows)}: {why}.")
             if fit.minimum_inside:
                 fig.add_trace(go.Scatter(x=[fit.minimum], y=fit.predict(np.array([fit.minimum])).tolist(),

@@ -42,7 +42,7 @@ def note_text(data: StudyData, top: int = NOTE_ROWS) -> str:
     adaptive = data.evidence.adaptive
     lines += [f"| rank | shape | seeds | {first} | {second} | loss on the baseline's seeds | adj. loss | tied |",
               "|---|---|---|---|---|---|---|---|"]
-    shown = data.board[(data.board.index < top) | data.board["is_baseline"]]
+    shown = data.shown(top)
     for r in shown.itertuples():
         gain = data.evidence.honest_gain(r.key) if r.key != data.baseline_key else None
         credible, paired = expected_gain_text(r), gain_text(data, r.key, gain)

@@ -33,7 +33,7 @@ def export_rows(data: StudyData, top: int) -> list[dict[str, Any]]:
     answer = data.answer()
     tied = set(answer.tied)
     rows = []
-    for r in data.board[(data.board.index < top) | data.board["is_baseline"]].itertuples():
+    for r in data.shown(top).itertuples():
         gain = data.evidence.honest_gain(r.key) if r.key != data.baseline_key else None
         arch = ArchConfig.from_dict(r.arch) if isinstance(r.arch, dict) else None
         rows.append({

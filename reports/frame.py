@@ -119,6 +119,14 @@ class StudyData:
             self.answers[names] = build_answer(self.evidence, self.rule_inputs(rules), kv)
         return self.answers[names]
 
+    def shown(self, top: int) -> pd.DataFrame:
+        """The board's rows a ``--top`` reader shows: the ``top`` best, the baseline and the answer's pick (after a race
+        the board may rank it below ``top``, and the answer's sentence speaks of it)."""
+        if self.board.empty:
+            return self.board
+        pick = self.answer().best
+        return self.board[(self.board.index < top) | self.board["is_baseline"] | (self.board["key"] == pick)]
+
     @property
     def identity(self) -> dict[str, Any]:
         return self.attrs.get("nas:identity") or {}

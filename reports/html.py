@@ -68,7 +68,7 @@ def leaderboard_section(data: StudyData, summary: Summary, top: int) -> Section:
         section.empty = "no shape has completed a training yet"
         return section
     tied = set(summary.tied)
-    shown = data.board[(data.board.index < top) | data.board["is_baseline"]]
+    shown = data.shown(top)
     rows = []
     first, second = board_gain_columns(data)
     adaptive = data.evidence.adaptive
@@ -84,7 +84,8 @@ def leaderboard_section(data: StudyData, summary: Summary, top: int) -> Section:
                      "baseline": r.is_baseline, "trials": r.trials})
     section.html = table(rows, css="board", formats=SHAPE_FORMATS)
     if len(data.board) > len(shown):
-        section.notes.append(f"{len(data.board) - len(shown)} more shapes are not shown (--top {top}).")
+        hidden = len(data.board) - len(shown)
+        section.notes.append(f"{hidden} more shape{'s are' if hidden > 1 else ' is'} not shown (--top {top}).")
     return section
 
 

@@ -127,18 +127,20 @@ def test_the_width_depth_fit_recovers_a_known_optimum(optimum):
     assert fit.c == pytest.approx(0.05, rel=0.2) and fit.resolved
 
 
-def test_a_curve_the_noise_leaves_flat_states_no_interval_and_no_optimum():
+def test_a_minimum_half_the_resamples_lack_states_no_interval_and_no_optimum():
     """Half the resamples without a minimum: their percentiles, [0.0859, 4.36e+03], left the fitted 6.56e+03 outside
     its own "95 % interval", and the report called it "This study's optimum"."""
     from reports.curves import interval_text
+    from reports.width_depth import QuadraticFit
 
-    rng = np.random.default_rng(3)
-    points = [WidthDepthPoint(str(r), float(r), tuple(3.0 + rng.normal(0, 0.05, size=2)))
-              for r in (2.0, 4.0, 8.0, 16.0, 32.0, 64.0)]
-    fit = fit_width_depth(points, resamples=400)
-    assert fit.bootstrap_misses >= 0.025 and not fit.bounded and not fit.resolved
-    assert interval_text(fit) == (f" (no bounded 95 % interval: {100 * fit.bootstrap_misses:.0f} % of the resamples "
-                                  "have no minimum)")
+    lacking = QuadraticFit(0, 0, 1, 16, 6560.0, 0.0859, 4360.0, 0.51, (2.0, 64.0))
+    assert not lacking.bounded and not lacking.resolved
+    assert interval_text(lacking) == " (no interval: 51 % of the resamples have no minimum)"
+    outside = QuadraticFit(0, 0, 1, 16, 30.0, 35.0, 60.0, 0.1, (2.0, 64.0))  # the fit beside its resamples' interval
+    assert not outside.bounded
+    some = QuadraticFit(0, 0, 1, 119, 5.17, 3.9, 7.1, 0.13, (2.0, 184.0))
+    assert some.resolved and interval_text(some) == " (95 % bootstrap interval [3.9, 7.1] of the 87 % of resamples " \
+                                                    "with a minimum)"
 
 
 def test_a_monotone_curve_has_no_minimum_and_too_few_points_no_fit():

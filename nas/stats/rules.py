@@ -378,10 +378,13 @@ def _influence_checked(estimate: RuleEstimate, scores: Mapping[str, ShapeScores]
     which a refit does not resolve it with the same sign. A refit left with too few shapes to read any rule cannot
     tell, and its share decides alone."""
     spread = float(((column - column.mean()) ** 2).sum())
-    for end in dict.fromkeys((int(np.argmin(column)), int(np.argmax(column)))):
+    ends = list(dict.fromkeys((int(np.argmin(column)), int(np.argmax(column)))))
+    leverage = {end: 1 / len(column) + (column[end] - column.mean()) ** 2 / spread for end in ends}
+    ends.sort(key=lambda end: -leverage[end])  # the shape with the most leverage first: it is the one to name
+    if leverage[ends[0]] > MAX_SHARE:
+        return replace(estimate, verdict=CARRIED, carried_by=keys[ends[0]])
+    for end in ends:
         left = keys[end]
-        if 1 / len(column) + (column[end] - column.mean()) ** 2 / spread > MAX_SHARE:
-            return replace(estimate, verdict=CARRIED, carried_by=left)
         refit = fit_rules({k: v for k, v in scores.items() if k != left}, covariates, names, baseline_loss, squares,
                           at, influence=False)
         again = refit.estimate(estimate.name) if refit is not None else None
