@@ -30,10 +30,15 @@ ROLE_COLOURS = {"baseline": "#d95f02", "member": "#22558c", "sampled": "#22558c"
 MIN_IMPORTANCE_TRIALS = 10  # completed trainings below which fANOVA's importances say nothing
 
 
+def trained(data: StudyData) -> list[FrozenTrial]:
+    """The trained trials (complete, pruned), in the study's order."""
+    return [t for t in data.trials if counts(t) and t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+
+
 def trained_copy(data: StudyData) -> optuna.Study:
-    """An in-memory study holding the trained trials only (complete, pruned, failed with a result)."""
+    """An in-memory study holding the trained trials only (``trained``; numbered afresh from 0)."""
     copy = optuna.create_study(directions=data.directions, study_name=data.name)
-    copy.add_trials([t for t in data.trials if counts(t) and t.state in (TrialState.COMPLETE, TrialState.PRUNED)])
+    copy.add_trials(trained(data))
     return copy
 
 
@@ -90,17 +95,18 @@ def _importances(section: Section, study: optuna.Study, target: Callable[[Frozen
         section.notes.append(f"Parameter importances: not available ({str(error).splitlines()[0][:160]}).")
 
 
-def readable_pareto(fig: go.Figure, names: list[str]) -> None:
+def readable_pareto(fig: go.Figure, names: list[str], numbers: list[int]) -> None:
     """Optuna's Pareto plot made readable: the front in one solid colour and the rest in grey (its colour scales by
     trial number drew trial 0, often the baseline on the front, near-white), and a hover of the trial and its values
-    (its hover was the trial's whole JSON, training curves included: a screen-high box)."""
+    (its hover was the trial's whole JSON, training curves included: a screen-high box), under the study's own trial
+    numbers (``numbers[i]``: trial ``i`` of the trained copy it is drawn from, which numbers them afresh)."""
     for trace in fig.data:
         front = trace.name == "Best Trial" or (trace.hovertemplate or "").endswith("<extra>Best Trial</extra>")
-        numbers = list(trace.marker.color) if trace.marker.color is not None else []
+        copied = list(trace.marker.color) if trace.marker.color is not None else []
         trace.marker.color = "#c0392b" if front else "#9aa5b1"
         trace.marker.colorscale = None
         trace.marker.showscale = False
-        trace.customdata = numbers
+        trace.customdata = [numbers[int(n)] for n in copied]
         trace.name = "on the front" if front else "other trials"
         trace.showlegend = True
         trace.text = None
@@ -118,8 +124,10 @@ def dynamics_section(data: StudyData) -> Section:
     if not complete and not copy.get_trials(deepcopy=False, states=(TrialState.PRUNED,)):
         section.empty = "no trial has trained a shape to a conclusion yet"
         return section
-    if not data.multi_objective:
-        section.figures.append(history_figure(data))
+    section.figures.append(history_figure(data))  # the loss as the board ranks it: several objectives too
+    if data.multi_objective:  # the lead sentence promises them: say why there are none (it said nothing)
+        section.notes.append("Intermediate values: none for a study of several objectives (Optuna takes no "
+                             "intermediate report from one, and prunes single-objective studies only).")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if not data.multi_objective and any(t.intermediate_values for t in copy.get_trials(deepcopy=False)):
@@ -141,7 +149,7 @@ def dynamics_section(data: StudyData) -> Section:
         if data.multi_objective and len(complete) >= 1:
             names = [o.replace("_", " ") for o in data.objectives]
             fig = optuna.visualization.plot_pareto_front(copy, target_names=names)
-            readable_pareto(fig, names)
+            readable_pareto(fig, names, [t.number for t in trained(data)])
             fig.update_layout(height=420, title="Pareto front")
             section.figures.append(fig)
     return section

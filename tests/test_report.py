@@ -217,7 +217,9 @@ def test_a_study_whose_every_trial_was_pruned_draws_no_importances_and_logs_no_w
 @pytest.mark.parametrize("objective", ["params", "tokens_per_s"])
 def test_a_multi_objective_study_draws_its_pareto_front(objective):
     html, page = page_of(synthetic_study(SyntheticSpec(space="hourglass", trials=40, objectives=("loss", objective))))
-    assert "Pareto front" in html and page.figures["dynamics"] == 2  # importances, the front (no 1-D history)
+    # the history (the loss as the board ranks it; left out before, without a word), importances, the front
+    assert "Pareto front" in html and page.figures["dynamics"] == 3
+    assert "Intermediate values: none for a study of several objectives" in html
     from reports.dynamics import dynamics_section
 
     study = synthetic_study(SyntheticSpec(space="hourglass", trials=40, objectives=("loss", objective)))
@@ -226,6 +228,8 @@ def test_a_multi_objective_study_draws_its_pareto_front(objective):
     # not the trial's whole JSON
     assert {t.name: t.marker.color for t in front.data} == {"on the front": "#c0392b", "other trials": "#9aa5b1"}
     assert all(t.text is None and t.hovertemplate.startswith("trial %{customdata}<br>loss %{x}") for t in front.data)
+    for trace in front.data:  # each point under the study's own trial number (the copy it is drawn from renumbers)
+        assert all(study.trials[n].values[0] == x for n, x in zip(trace.customdata, trace.x))
 
 
 def test_a_study_of_a_thousand_trials_reports_every_section():
