@@ -115,7 +115,9 @@ def detail_sentences(data: StudyData, answer: Answer) -> str:
                  f"{limit.gain_pct:.2f} %" if limit is not None else "")
         out.append(f"Resolution: {res.power_text()}; {res.needs_text()}{bound}.")
     elif answer.verdict != BEATS:
-        out.append("It needs a shape with two seeds in common with the baseline, besides the one that selected it.")
+        out.append("It needs a shape with two seeds in common with the baseline, besides the one that selected it: "
+                   "the search replicates once it has walked every member of the space (--trials at least `nas space "
+                   "count` with the same options), or `nas rerun --seeds 2` trains the best again.")
     if answer.verdict == BASELINE_LEADS:
         lead = (f"The baseline leads the race of the {len(answer.race_candidates) - 1} best shapes"
                 if answer.policy == "race" else "The baseline has the lowest expected loss"

@@ -407,3 +407,11 @@ def test_the_re_run_hint_names_the_storage_it_was_read_from():
     hint = reruns_section(data).empty
     assert "--storage 'postgresql://nas:***@db/nas' --top K" in hint and "secret" not in hint
     assert hint.endswith("(*** stands for the storage's password, not printed)")
+
+
+def test_a_study_without_replicates_says_how_to_get_them():
+    """A sampled study trains each shape once: "It needs a shape with two seeds in common with the baseline" left a
+    user adding trials below the space's size, which never replicates."""
+    detail = summarise(read_study(synthetic_study(SyntheticSpec(space="hourglass", trials=10, replicate_top=0)))).detail
+    assert ("the search replicates once it has walked every member of the space (--trials at least `nas space count` "
+            "with the same options), or `nas rerun --seeds 2` trains the best again.") in detail
