@@ -37,6 +37,12 @@ def staircase_section(data: StudyData, top: int = MAX_SCHEDULES) -> Section:
                          f"this is a {data.space_name} study" if data.space_name == "hourglass"
                          else "no trained shape has a Prism schedule yet")
         return section
+    first = int(schedules[0][0].removeprefix("rank "))
+    if first > 1:  # the board's best are uniform: the panels are not "the best schedules" without a word
+        above = "rank 1 has" if first == 2 else f"ranks 1-{first - 1} have"
+        section.notes.append(f"The leaderboard's {above} a uniform head count (no staircase); the panels are its "
+                             f"best non-uniform schedules: "
+                             f"{', '.join(label for label, _, _ in schedules)}.")
     baseline_row = data.board[data.board["is_baseline"]]
     panels = list(schedules)
     if not baseline_row.empty and baseline_row.iloc[0]["arch"]:

@@ -415,3 +415,20 @@ def test_a_study_without_replicates_says_how_to_get_them():
     detail = summarise(read_study(synthetic_study(SyntheticSpec(space="hourglass", trials=10, replicate_top=0)))).detail
     assert ("the search replicates once it has walked every member of the space (--trials at least `nas space count` "
             "with the same options), or `nas rerun --seeds 2` trains the best again.") in detail
+
+
+def test_staircases_below_uniform_leaders_say_which_ranks_they_are():
+    """The panels drew ranks 10, 14 and 15 of 16 under "which head counts the best schedules use" without a word."""
+    import pandas as pd
+
+    from reports.staircases import staircase_section
+
+    data = read_study(synthetic_study(SyntheticSpec(space="joint", preset="tiny", trials=40, seed=2)))
+    assert not [n for n in staircase_section(data).notes if n.startswith("The leaderboard's")]  # a staircase leads
+    uniform = data.board["arch"].map(lambda a: len(set(a["heads"])) == 1)
+    data.board = pd.concat([data.board[uniform], data.board[~uniform]], ignore_index=True)  # uniform shapes lead
+    data.board["rank"] = range(1, len(data.board) + 1)
+    first = int(uniform.sum()) + 1
+    (said,) = [n for n in staircase_section(data).notes if n.startswith("The leaderboard's")]
+    assert said.startswith(f"The leaderboard's ranks 1-{first - 1} have a uniform head count (no staircase); the "
+                           f"panels are its best non-uniform schedules: rank {first}, rank {first + 1}")
