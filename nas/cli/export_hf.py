@@ -2,7 +2,8 @@
 
 The sources, as the command line combines them:
 
-- ``--study-name S`` alone: the study row ``--rank N`` (default 1, the best; or ``baseline``), freshly initialised;
+- ``--study-name S`` alone: the study row ``--rank N`` (default the answer's pick, rank 1 except after a race; or
+  ``baseline``), freshly initialised;
 - ``--checkpoint RUN`` alone: the run's trained weights and shape, with no study on the card;
 - both: the run's weights, and the study row of its shape: the row of the same shape, or the row a
   ``nas rerun`` carried to it (its re-run records the proxy shape); ``--rank N`` must be that row.
@@ -47,8 +48,8 @@ def pick_row(data: StudyData, rows: list[dict[str, Any]], rank: int | str | None
         held = f"its leaderboard ranks 1 to {max(r['rank'] for r in rows)}"
         raise UsageError(f"--rank {rank} is not a row of study {data.name!r}: " + (
             held if rank != "baseline" else "it has no completed baseline"))
-    if run is None:
-        return by_rank[rank or 1]
+    if run is None:  # by default the answer's pick: after a race it need not be rank 1 (the board's shrunk order)
+        return by_rank[rank] if rank is not None else next((r for r in rows if r["is_answer_pick"]), by_rank[1])
     sources = {run.key} | (_rerun_sources(store, data.name, run.key) if store is not None else set())
     if rank is not None:
         row = by_rank[rank]

@@ -161,8 +161,9 @@ def export(
                                                  "its modeling code: trust_remote_code=True); llama: a stock "
                                                  "LlamaForCausalLM directory (uniform heads, K=1).")]
     = ExportFormat.json,
-    rank: Annotated[str | None, typer.Option("--rank", help="hf, llama: the row to export: its rank (default 1, "
-                                             "the best; with --checkpoint, its shape's row) or baseline.",
+    rank: Annotated[str | None, typer.Option("--rank", help="hf, llama: the row to export: its rank (default: the "
+                                             "answer's pick, rank 1 but after a race; with --checkpoint, its "
+                                             "shape's row) or baseline.",
                                              show_default=False)] = None,
     checkpoint: Annotated[str | None, typer.Option("--checkpoint", help="hf, llama: a `nas train --out` or `nas "
                                                    "rerun` run folder (or its checkpoint.pt) whose trained weights "
@@ -181,7 +182,7 @@ def export(
 
         if top is not None:
             raise UsageError(f"--top {top} goes with --format json (rows); --format {format.value} writes one shape: "
-                             "pick it with --rank N (default 1, the best) or --rank baseline")
+                             "pick it with --rank N (default: the answer's pick) or --rank baseline")
 
         export_model_dir(study_name, storage, rank, checkpoint, output, format.value, force)
         return
