@@ -643,3 +643,15 @@ def test_force_replaces_an_exports_directory_whole_keeping_what_the_user_added(r
     assert (out / "tokenizer.json").read_text() == "{}" and "step 8 of 8" in (out / "README.md").read_text()
     assert again.stderr.count("\n") == 1 and "; kept tokenizer.json (not written by an export)" in again.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+
+
+def test_the_default_row_is_the_answers_pick_even_where_the_board_ranks_it_lower():
+    """After a race the answer's pick was rank 3 while the export's default, "1, the best", wrote rank 1."""
+    from types import SimpleNamespace
+
+    from nas.cli.export_hf import pick_row
+
+    rows = [{"rank": r, "is_baseline": r == 2, "is_answer_pick": r == 3, "key": f"k{r}"} for r in (1, 2, 3)]
+    data = SimpleNamespace(name="s")
+    assert pick_row(data, rows, None, None)["rank"] == 3 and pick_row(data, rows, 1, None)["rank"] == 1
+    assert pick_row(data, [{**r, "is_answer_pick": False} for r in rows], None, None)["rank"] == 1
