@@ -101,6 +101,9 @@ def parse_plateaus(text: str, what: str, example: str) -> tuple[int, ...]:
             raise UsageError(f"{what} item {item!r} is not a count: give comma-separated integers or count x layers, "
                              f"e.g. {example}")
         repeat = int(times) if times else 1
+        if repeat < 1:  # "12x0" was dropped without a word, and the rest read as the whole schedule
+            raise UsageError(f"{what} item {item!r} spans 0 layers: give each count x at least 1 layer, "
+                             f"e.g. {example}")
         if len(counts) + repeat > MAX_LAYERS:
             raise UsageError(f"{what} {text!r} gives more than {MAX_LAYERS:,} layers, the most a shape may have")
         counts += [int(count)] * repeat

@@ -105,6 +105,11 @@ def test_a_limit_past_any_count_is_one_line_and_exit_2():
                                                               "count from 0 to ")
 
 
+def test_a_plateau_of_zero_layers_is_refused_not_dropped():
+    result = run("show", "--space", "prism", *GPT2, "--schedule", "12x0,12x12")  # it read as 12x12: "valid"
+    assert result.exit_code == 2 and "schedule item '12x0' spans 0 layers" in result.stderr
+
+
 def test_show_a_valid_schedule():
     result = run("show", "--space", "prism", *GPT2, "--schedule", "3,3,6,6,12,12,12,12,12,12,12,12")
     assert result.exit_code == 0
