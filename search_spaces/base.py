@@ -106,8 +106,10 @@ def heads_error(heads: int, d_model: int) -> str | None:
     """Why ``heads`` cannot split ``d_model`` evenly, listing the valid head counts nearby; None when it can."""
     if heads >= 1 and d_model % heads == 0:
         return None
-    valid = [h for h in range(1, min(d_model, max(2 * heads, 12)) + 1) if d_model % h == 0]
-    listed = f"divisors ≤ {valid[-1]} are {','.join(map(str, valid))}"
+    bound = min(d_model, max(2 * heads, 12))  # the head counts near the one given
+    valid = [h for h in range(1, bound + 1) if d_model % h == 0]
+    listed = f"divisors ≤ {valid[-1]} are {','.join(map(str, valid))}" if len(valid) > 1 else \
+        f"its only divisor up to {bound} is 1"  # "divisors ≤ 1 are 1" for a prime width
     if heads < 1:  # "0 does not divide" is true of every width and says nothing
         return f"{heads} heads is not a head count: give at least 1 (d_model={d_model}: {listed})"
     return f"{heads} does not divide d_model={d_model}; {listed}"
