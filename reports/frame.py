@@ -47,7 +47,8 @@ class StudyData:
     reruns: pd.DataFrame | None = None  # full-scale re-runs (nas rerun), one row per run; None when there are none
     skipped: list[str] = field(default_factory=list)  # one warning per trial whose stored attrs are unreadable
     answers: dict[tuple[str, ...], Answer] = field(default_factory=dict, repr=False)  # ``answer``'s cache
-    storage: str | None = None  # the storage URL it was read from, shown (password masked) in the page's commands
+    storage: str | None = None  # the storage URL it was read from as the page may show it (its password masked)
+    storage_masked: bool = False  # ``storage`` hides a password: a command shown with it says so
 
     @property
     def scores(self) -> dict[str, ShapeScores]:

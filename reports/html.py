@@ -75,7 +75,8 @@ def leaderboard_section(data: StudyData, summary: Summary, top: int) -> Section:
     for r in shown.itertuples():
         gain = data.evidence.honest_gain(r.key) if r.key != data.baseline_key else None
         credible, paired = expected_gain_text(r), gain_text(data, r.key, gain)
-        pick = r.key == summary.best and r.rank != 1  # the answer's shape where the board ranks it lower (a race)
+        # the answer's shape where the board ranks it lower (after a race); the baseline is marked as such already
+        pick = r.key == summary.best and r.rank != 1 and not r.is_baseline
         rows.append({"rank": r.rank, "shape": shape_label(data, r.key) + (" (the answer's pick)" if pick else ""),
                      "seeds": r.seeds,
                      first: credible if adaptive else paired, second: paired if adaptive else credible,

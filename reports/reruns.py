@@ -18,7 +18,6 @@ import plotly.graph_objects as go
 from optuna.trial import TrialState
 
 from nas.stats.comparisons import kendall_tau, paired_gain
-from nas.study.config import display_url, hidden_password_note
 from nas.study.records import RERUN_MARK
 from reports.frame import StudyData, rerun_scores
 from reports.page import Section, plot_text, table, text
@@ -76,11 +75,11 @@ def reruns_section(data: StudyData) -> Section:
                       "Read off whether the proxy's ranking held when the best shapes and the baseline were trained "
                       "for real: proxy rank against full rank, and Kendall tau with its interval.")
     if data.reruns is None or data.reruns.empty:
-        storage = f" --storage {shlex.quote(display_url(data.storage))}" if data.storage else ""
+        storage = f" --storage {shlex.quote(data.storage)}" if data.storage else ""
         section.empty = ("no full-scale re-runs are stored for this study yet: `nas rerun --study-name "
                          f"{shlex.quote(data.name)}{storage} --top K --preset NAME` trains the best shapes and the "
                          "baseline at a target preset and writes them here"
-                         + (hidden_password_note(data.storage) if data.storage else ""))
+                         + (" (*** stands for the storage's password, not printed)" if data.storage_masked else ""))
         return section
     for preset, runs in data.reruns.groupby("preset", sort=True):
         full = {key: list(group["val_loss"]) for key, group in runs.groupby("proxy_key")}

@@ -403,7 +403,7 @@ def test_the_re_run_hint_names_the_storage_it_was_read_from():
 
     data = read_study(synthetic_study(SyntheticSpec(space="prism", preset="tiny", trials=6)))
     assert "--storage" not in reruns_section(data).empty  # the default storage: nothing to add
-    data.storage = "postgresql://nas:secret@db/nas"
+    data.storage, data.storage_masked = "postgresql://nas:***@db/nas", True  # as nas report sets them
     hint = reruns_section(data).empty
     assert "--storage 'postgresql://nas:***@db/nas' --top K" in hint and "secret" not in hint
     assert hint.endswith("(*** stands for the storage's password, not printed)")

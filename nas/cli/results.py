@@ -103,7 +103,7 @@ def best(
         return "-"
 
     for r in rows:
-        pick = r["is_answer_pick"] and len(rows) > 1  # the answer's shape, which a race need not rank first
+        pick = r["is_answer_pick"] and not r["is_baseline"]  # the answer's shape, which a race need not rank first
         tag = "  (" + ", ".join(t for t, on in (("baseline", r["is_baseline"]), ("the answer's pick", pick)) if on) \
             + ")" if r["is_baseline"] or pick else ""
         tied = "yes" if r["tied_with_best"] else ""
@@ -140,7 +140,8 @@ def report(
     target = OutputFile.of(output, "-o")  # checked before the study is read: a bad target costs nothing
     study, store = open_existing_study(storage, study_name)
     data = read_study(study, read_reruns(store, study.study_name))
-    data.storage = storage if storage != DEFAULT_STORAGE else None  # the page's commands name it where it is not
+    if storage != DEFAULT_STORAGE:  # the page's commands name the storage where it is not the default
+        data.storage, data.storage_masked = display_url(storage), display_url(storage) != storage
     warn_skipped(data)
     path, seconds = write_report(data, target, top, plotlyjs.value)
     size = path.stat().st_size / 2**20
