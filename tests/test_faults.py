@@ -225,6 +225,20 @@ def test_two_workers_killed_at_random_moments_resume_to_exactly_the_requested_tr
     assert_no_repeated_work(load_trials(storage, "two"), 8)
 
 
+def start_paused_search(tmp_path: Path, storage: str, study: str) -> tuple[subprocess.Popen, Path, Path]:
+    """A 4-trial search that pauses its second trial at an evaluation until the pause file is removed: (its process,
+    its log, the pause file, which exists once it has paused)."""
+    pause = tmp_path / "paused"
+    args = [*SEARCH, "--trials", "4", "--storage", storage, "--study-name", study]
+    log = tmp_path / "search.log"
+    env = {**nas_env(), "NAS_FAULT_POINT": "pause", "NAS_FAULT_SEED": "0", "NAS_PAUSE_FILE": str(pause),
+           "NAS_FAULT_CORE": str(sorted(os.sched_getaffinity(0))[0])}
+    with open(log, "w") as out:
+        process = subprocess.Popen([sys.executable, "-c", FAULTY_NAS, *args], cwd=tmp_path, env=env, stdout=out,
+                                   stderr=subprocess.STDOUT, text=True)
+    return process, log, pause
+
+
 def test_a_postgresql_outage_under_a_running_search_is_waited_out_and_loses_nothing(tmp_path, postgres_control,
                                                                                    postgres_url):
     """The server goes down while a trial trains and comes back once the search has noticed.
@@ -233,14 +247,7 @@ def test_a_postgresql_outage_under_a_running_search_is_waited_out_and_loses_noth
     (``pause`` in the wrapper), the server is stopped, the trial goes on into the outage, and the server is
     started again once the search says it lost the connection: the same on a slow machine and a fast one.
     """
-    pause = tmp_path / "paused"
-    args = [*SEARCH, "--trials", "4", "--storage", postgres_url, "--study-name", "outage"]
-    log = tmp_path / "search.log"
-    env = {**nas_env(), "NAS_FAULT_POINT": "pause", "NAS_FAULT_SEED": "0", "NAS_PAUSE_FILE": str(pause),
-           "NAS_FAULT_CORE": str(sorted(os.sched_getaffinity(0))[0])}
-    with open(log, "w") as out:
-        process = subprocess.Popen([sys.executable, "-c", FAULTY_NAS, *args], cwd=tmp_path, env=env, stdout=out,
-                                   stderr=subprocess.STDOUT, text=True)
+    process, log, pause = start_paused_search(tmp_path, postgres_url, "outage")
     try:
         wait_for(pause.exists, 600, "the second trial to pause in training", process=process, log=log)
         postgres_control.stop()  # every connection of the search is terminated
@@ -267,14 +274,7 @@ def test_ctrl_c_while_the_postgresql_server_is_away_says_the_trial_could_not_be_
                                                                                      postgres_url):
     """Stopped while it waited for the server, the search said "a trial that was running is marked and re-queued",
     and nothing was: the trial stayed RUNNING, for the next run's heartbeat check."""
-    pause = tmp_path / "paused"
-    args = [*SEARCH, "--trials", "4", "--storage", postgres_url, "--study-name", "away"]
-    log = tmp_path / "search.log"
-    env = {**nas_env(), "NAS_FAULT_POINT": "pause", "NAS_FAULT_SEED": "0", "NAS_PAUSE_FILE": str(pause),
-           "NAS_FAULT_CORE": str(sorted(os.sched_getaffinity(0))[0])}
-    with open(log, "w") as out:
-        process = subprocess.Popen([sys.executable, "-c", FAULTY_NAS, *args], cwd=tmp_path, env=env, stdout=out,
-                                   stderr=subprocess.STDOUT, text=True)
+    process, log, pause = start_paused_search(tmp_path, postgres_url, "away")
     try:
         wait_for(pause.exists, 600, "the second trial to pause in training", process=process, log=log)
         postgres_control.stop()

@@ -32,11 +32,7 @@ def fail_stale(study: optuna.Study, storage: optuna.storages.BaseStorage, study_
     failed = []
     for stale in stale_trial_ids(storage, study_id):
         with interrupts_deferred():  # a Ctrl-C between the fail and the re-queue would lose the shape
-            try:
-                storage.set_trial_user_attr(stale, "status", "abandoned")
-                storage.set_trial_user_attr(stale, "reason", STALE_REASON)
-                storage.set_trial_state_values(stale, state=TrialState.FAIL)
-            except optuna.exceptions.UpdateFinishedTrialError:  # another worker failed it first, or it just ended
+            if not _fail_as_abandoned(storage, stale, STALE_REASON):
                 continue
             failed.append(stale)
             retry = storage.get_heartbeat_stale_trial_callback()  # type: ignore[attr-defined]
@@ -73,15 +69,23 @@ def fail_orphaned(study: optuna.Study, storage: optuna.storages.BaseStorage) -> 
     return len(running)
 
 
-def _fail_and_requeue(study: optuna.Study, storage: optuna.storages.BaseStorage, running: int, reason: str) -> None:
-    """Fail the running trial whose storage id is ``running`` as abandoned with ``reason``; re-queue its shape and
-    seed if it has them."""
-    number = storage.get_trial_number_from_id(running)
+def _fail_as_abandoned(storage: optuna.storages.BaseStorage, running: int, reason: str) -> bool:
+    """Record ``reason`` on the running trial whose storage id is ``running`` and fail it as abandoned; False where
+    another worker failed it first, or it just ended."""
     try:
         storage.set_trial_user_attr(running, "status", "abandoned")
         storage.set_trial_user_attr(running, "reason", reason)
         storage.set_trial_state_values(running, state=TrialState.FAIL)
-    except optuna.exceptions.UpdateFinishedTrialError:  # another worker got there first, or it just ended
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return False
+    return True
+
+
+def _fail_and_requeue(study: optuna.Study, storage: optuna.storages.BaseStorage, running: int, reason: str) -> None:
+    """Fail the running trial whose storage id is ``running`` as abandoned with ``reason``; re-queue its shape and
+    seed if it has them."""
+    number = storage.get_trial_number_from_id(running)
+    if not _fail_as_abandoned(storage, running, reason):
         return
     if "key" in storage.get_trial(running).user_attrs:
         requeue(study, number)
