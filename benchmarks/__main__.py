@@ -102,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run_figures(chosen, cfg, args, info, command, figures, started)
     except KeyboardInterrupt:  # Ctrl-C, kill -INT: one line, as every command stops (a traceback before)
-        kept = (f"the {len(figures)} figure{'s' if len(figures) > 1 else ''} finished before it are in {args.out}"
+        kept = (f"the {len(figures)} figure{'s' if len(figures) > 1 else ''} finished before it "
+                f"{'are' if len(figures) > 1 else 'is'} in {args.out}"
                 if figures else "no figure had finished: nothing was written")
         print(f"interrupted: {kept}; run the same command again for the rest", file=sys.stderr)
         return 130

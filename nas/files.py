@@ -135,7 +135,7 @@ def writable_folder(folder: Path, what: str) -> Path:
         raise UsageError(f"{what} {show(folder)} is {kind_of(info.st_mode)}, not a folder")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise UsageError(f"{what} {show(folder)} is not writable (permission denied)")
-    try:  # what access() cannot tell: /proc, a read-only or full file system, a root without the right on NFS
+    try:  # what access() cannot tell: /proc, a file system that takes no file, a root without the right on NFS
         probe, name = tempfile.mkstemp(dir=folder, prefix=".nas-write-probe-")
     except OSError as error:
         raise UsageError(f"{what} {show(folder)} takes no new file ({error.strerror or error}): choose another "

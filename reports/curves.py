@@ -83,8 +83,10 @@ def width_depth_figure(rows: list[dict], notes: list[str]) -> go.Figure:
                          f"{fit.n_points} shapes; minimum at d_model/L = {fit.minimum:.3g}{interval_text(fit)}, "
                          f"{where} the trained range [{lo:.3g}, {hi:.3g}].")
             if fit.resolved:
-                notes.append(f"This study's optimum, d_model/L = {fit.minimum:.3g} [{fit.low:.3g}, {fit.high:.3g}] "
-                             f"at {budget_text(rows)}, beside the Hourglass paper's {PAPER_BAND[0]:.0f}-"
+                beyond = (f" (its interval runs beyond the trained range [{lo:.3g}, {hi:.3g}]: the band drawn stops "
+                          "at its ends)" if fit.low < lo or fit.high > hi else "")
+                notes.append(f"This study's optimum, d_model/L = {fit.minimum:.3g} [{fit.low:.3g}, {fit.high:.3g}]"
+                             f"{beyond} at {budget_text(rows)}, beside the Hourglass paper's {PAPER_BAND[0]:.0f}-"
                              f"{PAPER_BAND[1]:.0f} at 113M parameters.")
             else:
                 why = ("its fitted minimum lies outside the trained range" if not fit.minimum_inside else

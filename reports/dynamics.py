@@ -77,7 +77,8 @@ def history_figure(data: StudyData) -> go.Figure:
                              line={"color": "#1d2733", "width": 2}))
     fig.update_xaxes(title_text="trial")
     fig.update_yaxes(title_text="validation loss")
-    fig.update_layout(height=420, title="Optimisation history (completed trainings; pruned ones are in the next chart)",
+    pruned = "" if data.multi_objective else "; pruned ones are in the next chart"  # several objectives: no pruning
+    fig.update_layout(height=420, title=f"Optimisation history (completed trainings{pruned})",
                       margin={"t": 50, "l": 60, "r": 20, "b": 50})
     return fig
 

@@ -237,8 +237,8 @@ def table_lines(fit: RuleFit, rules: tuple[Rule, ...], title: str, answer: RuleA
     for rule in rules:
         e = fit.estimate(rule.name)
         if e.carried_by is not None:
-            lines.append(f"  {rule.name}: carried by the shape {e.carried_by} (most of the rule's spread, or the "
-                         "fit without it does not resolve the rule)")
+            lines.append(f"  {rule.name}: carried by the shape {e.carried_by} (more than half of the rule's spread "
+                         "over the shapes, or the fit without it does not resolve the rule)")
         if e.at is not None:
             lines.append(f"  {rule.name}: the slope{at_text(rule, e)}, fitted with its square")
         if rule.square_of and fit.pairs.get(rule.name) == rule.square_of:

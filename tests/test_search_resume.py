@@ -147,8 +147,8 @@ def test_a_trial_whose_heartbeat_stopped_before_the_search_started_is_failed_wit
     with lease(storage) as other_search:
         assert other_search.held
         search = run_search(dataclasses.replace(config, trials=2))
-    assert "1 trial whose heartbeat had stopped (a worker killed, or cut off from the storage) was failed and " \
-           "re-queued" in search.notes
+    assert "1 trial whose heartbeat had stopped (a worker killed, or cut off from the storage) was failed, and " \
+           "re-queued where its retries allow" in search.notes
     trials = load_trials(storage, "stale")
     failed = trials[left.number]
     assert failed.state == TrialState.FAIL and failed.user_attrs["status"] == "abandoned"

@@ -15,7 +15,8 @@ from nas.cli import search, results, rules, runs, rerun, tools, space  # noqa: F
 app.add_typer(space.space_app, name="space")
 
 
-STOPPED_CLEANLY = ("search", "train", "rerun")  # the commands that stop on SIGTERM as on Ctrl-C: one line, exit 130
+# the commands that stop on SIGTERM as on Ctrl-C (one line, exit 130): rules trains with --confirm
+STOPPED_CLEANLY = ("search", "train", "rerun", "rules")
 
 
 def main() -> None:

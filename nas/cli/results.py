@@ -103,7 +103,7 @@ def best(
         return "-"
 
     for r in rows:
-        pick = r["is_answer_pick"] and not r["is_baseline"]  # the answer's shape, which a race need not rank first
+        pick = r["is_answer_pick"] and not r["is_baseline"] and r["rank"] != 1  # a race's need not rank first
         tag = "  (" + ", ".join(t for t, on in (("baseline", r["is_baseline"]), ("the answer's pick", pick)) if on) \
             + ")" if r["is_baseline"] or pick else ""
         tied = "yes" if r["tied_with_best"] else ""

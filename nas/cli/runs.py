@@ -90,7 +90,7 @@ def train(
         from runners.device import is_out_of_memory
         from runners.distributed import lost_a_peer, peer_lost_text
 
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and lost_a_peer(error):  # another rank died: this one says so
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and lost_a_peer(error) and not is_out_of_memory(error):
             typer.echo(f"error: rank {os.environ.get('RANK', '?')}: another process of this run stopped "
                        f"({peer_lost_text(error)}); " + interrupted(out).removeprefix("interrupted: "), err=True)
             raise typer.Exit(1) from None

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from nas.stats.comparisons import ALPHA
-from nas.stats.rules import NOT_RESOLVED, RESOLVED, RuleEstimate, quantile
+from nas.stats.rules import CARRIED, NOT_RESOLVED, RESOLVED, RuleEstimate, quantile
 
 HELD, SHRANK, REVERSED = "held", "shrank", "reversed"
 NOTHING_TO_CHECK = "nothing to check (not resolved at the proxy)"
@@ -26,14 +26,14 @@ def fidelity(proxy: RuleEstimate, longer: RuleEstimate) -> str:
     - **held**: the longer budget's interval excludes 0 on the proxy's side (and it did not shrink);
     - **not resolved**: otherwise (the longer interval holds 0 and the change is within the noise, or its sign
       flipped without the longer budget resolving it);
-    - **not checked (<why>)**: the longer budget gives no estimate (too few shapes, confounded, not varied), so the
-      rule was not checked there at all, which "not resolved" misstated.
+    - **not checked (<why>)**: the longer budget gives no estimate (too few shapes, confounded, not varied) or one
+      shape carries it there, so the rule was not checked there at all, which "not resolved" misstated.
 
     A rule the proxy did not resolve claimed nothing to check: ``NOTHING_TO_CHECK`` (its estimates at both budgets
     are still shown)."""
     if proxy.verdict != RESOLVED:
         return NOTHING_TO_CHECK
-    if not longer.estimated:
+    if not longer.estimated or longer.verdict == CARRIED:  # a longer budget's one shape decides nothing either
         return f"{NOT_CHECKED} ({longer.verdict})"
     if not (proxy.estimated and longer.estimated and proxy.estimate and longer.sd is not None
             and proxy.sd is not None and longer.low is not None and longer.high is not None):

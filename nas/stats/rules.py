@@ -65,7 +65,7 @@ from nas.stats.shrinkage import LOG_LAMBDA_GRID, MIN_COMPONENT_WEIGHT
 CONFOUNDED = 1e-3  # 1 - R^2 of a rule's column on the other fixed effects below this: it was never varied apart
 MIN_SHAPES = 3  # a rule needs shapes to vary across, and the model a spread to estimate
 MIN_SHAPE_DF = 4  # S - 1 - R below this: the flat prior on tau leaves the interval to the grid's end (no number)
-MAX_SHARE = 0.5  # one shape's leverage in a rule's column above this: the shape is most of what varies the rule
+MAX_SHARE = 0.5  # one shape's share of a rule's spread over the shapes above this: it is most of what varies it
 GOLDEN_STEPS = 48  # golden-section steps refining REML's log lambda: the bracket (1 wide) shrinks to 1e-10
 
 RESOLVED, NOT_RESOLVED, CONFOUNDED_VERDICT, NOT_VARIED = "resolved", "not resolved", "confounded", "not varied"
@@ -316,6 +316,7 @@ def fit_rules(scores: Mapping[str, ShapeScores], covariates: Mapping[str, Sequen
     seeds[np.arange(len(rows)), [seed_index[seed] for _, seed, _ in rows]] = 1.0
     values = np.array([[float(v) for v in covariates[k]] for k in keys])  # (S, R)
     pairs = {square: linear for square, linear in (squares or {}).items() if square in names and linear in names}
+    pairs_given = dict(pairs)
     centres = {}
     for square, linear in pairs.items():  # the square centred (docstring)
         j = names.index(linear)
@@ -357,8 +358,9 @@ def fit_rules(scores: Mapping[str, ShapeScores], covariates: Mapping[str, Sequen
             out.append(RuleEstimate(name, verdict, value, sd, low, high, (q + power_q) * sd, df, baseline_loss,
                                     at=centres[square] if square else None,
                                     proxy_at=bool(square and at and name in at)))
-    if influence:
-        out = [_influence_checked(e, scores, covariates, names, baseline_loss, squares, at, keys,
+    if influence:  # the refits read a U's slope where this fit did: at this fit's centres, not their own means
+        held_at = {**(at or {}), **{pairs_given[square]: centre for square, centre in centres.items()}}
+        out = [_influence_checked(e, scores, covariates, names, baseline_loss, squares, held_at, keys,
                                   values[:, names.index(e.name)]) if e.verdict == RESOLVED else e for e in out]
     seed_effect = u[[seed_index[seed] for _, seed, _ in rows]]  # (n,)
     adjusted = {keys[s]: float(np.mean((y - seed_effect)[shape == s])) for s in range(len(keys))}
@@ -374,21 +376,22 @@ def _influence_checked(estimate: RuleEstimate, scores: Mapping[str, ShapeScores]
                        column: np.ndarray) -> RuleEstimate:
     """``estimate`` (resolved), or it as ``CARRIED`` by the shape at an end of its range (``column``: the rule's value
     for each of ``keys``, a square's centred) that holds more than half the rule's spread over the shapes
-    (``MAX_SHARE``: its leverage in the rule's own column, ``1/S + (x_s - mean)^2 / sum (x - mean)^2``), or without
-    which a refit does not resolve it with the same sign. A refit left with too few shapes to read any rule cannot
-    tell, and its share decides alone."""
+    (``MAX_SHARE`` of ``sum (x - mean)^2``: ``(x_s - mean)^2 / sum (x - mean)^2``; evenly spaced values give an end
+    0.36 at 6 shapes, a lone far shape nearly all of it), or without which a refit (its square centred where this fit
+    centred it) does not resolve it with the same sign. A refit left with too few shapes to read any rule, or no fit,
+    cannot tell, and the share decides alone."""
     spread = float(((column - column.mean()) ** 2).sum())
     ends = list(dict.fromkeys((int(np.argmin(column)), int(np.argmax(column)))))
-    leverage = {end: 1 / len(column) + (column[end] - column.mean()) ** 2 / spread for end in ends}
-    ends.sort(key=lambda end: -leverage[end])  # the shape with the most leverage first: it is the one to name
-    if leverage[ends[0]] > MAX_SHARE:
+    share = {end: (column[end] - column.mean()) ** 2 / spread for end in ends}  # of the rule's spread over shapes
+    ends.sort(key=lambda end: -share[end])  # the shape with the largest share first: it is the one to name
+    if share[ends[0]] > MAX_SHARE:
         return replace(estimate, verdict=CARRIED, carried_by=keys[ends[0]])
     for end in ends:
         left = keys[end]
         refit = fit_rules({k: v for k, v in scores.items() if k != left}, covariates, names, baseline_loss, squares,
                           at, influence=False)
         again = refit.estimate(estimate.name) if refit is not None else None
-        if again is not None and again.verdict == TOO_FEW_SHAPES:
+        if again is None or again.verdict == TOO_FEW_SHAPES:  # no fit left to tell: the share decided
             continue
         held = again is not None and again.verdict == RESOLVED and (again.estimate > 0) == (estimate.estimate > 0)
         if not held:

@@ -217,7 +217,8 @@ def requeue_orphans(search: Search) -> None:
     stale = fail_stale(search.study, search.storage, search.study_id)  # another machine's, or where no lock is kept
     if stale:
         search.notes.append(f"{stale} trial{'s' if stale > 1 else ''} whose heartbeat had stopped (a worker killed, or "
-                            f"cut off from the storage) {'were' if stale > 1 else 'was'} failed and re-queued")
+                            f"cut off from the storage) {'were' if stale > 1 else 'was'} failed, and re-queued "
+                            "where its retries allow")
 
 
 def run_search(config: SearchConfig, on_event: Callable[[TrialEvent], None] | None = None,

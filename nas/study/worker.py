@@ -166,8 +166,7 @@ def _train_until_done(search: Search, on_event: Callable[[TrialEvent], None] | N
             except KeyboardInterrupt:  # stopped while the storage is away: the trial cannot be marked now
                 if trial is not None:
                     warn_on_stderr(f"could not mark trial {trial.number} interrupted (the storage is unreachable); "
-                                   "its heartbeat has stopped, so the next run of the same command fails it as "
-                                   "stale and re-queues it")
+                                   "the next run of the same command re-queues it")
                 raise
             if trial is not None:  # what it held goes back to the queue with its shape and seed
                 mark_interrupted(study, trial, reason=LOST_CONNECTION)
