@@ -150,8 +150,13 @@ def confirm_rules(proxy: StudyData, chosen: tuple[Rule, ...], preset: str, shape
                          f"proxy ({proxy_tokens:,}): give a longer budget (e.g. cpu-long, or --tokens above it)")
     fit = proxy.answer(chosen).rules.proxy if proxy.answer(chosen).rules is not None else None  # type: ignore[union-attr]
     if fit is None or not fit.resolved:
+        carried = [e.name for e in fit.estimates if e.carried_by] if fit is not None else []
+        one = len(carried) == 1
+        more = (f"; {', '.join(carried)} {'rests on one shape' if one else 'rest on one shape each'}: a study with "
+                f"more shapes across {'its range could resolve it' if one else 'their ranges could resolve them'}"
+                if carried else "")
         raise UsageError(f"no rule of {', '.join(r.name for r in chosen)} is resolved at the proxy: nothing to "
-                         "confirm (nas rules shows what each could have detected)")
+                         f"confirm (nas rules shows what each could have detected){more}")
     inputs = proxy.rule_inputs(chosen)
     assert inputs is not None  # check_rules: shapes, rules
     covariates = {k: v for k, v in inputs.covariates.items() if k in proxy.scores}
