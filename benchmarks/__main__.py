@@ -12,6 +12,7 @@ import argparse
 import importlib
 import importlib.util
 import shlex
+import signal
 import sys
 import time
 import traceback
@@ -102,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run_figures(chosen, cfg, args, info, command, figures, started)
     except KeyboardInterrupt:  # Ctrl-C, kill -INT: one line, as every command stops (a traceback before)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second one while the figure's pool winds down: the same stop
         kept = (f"the {len(figures)} figure{'s' if len(figures) > 1 else ''} finished before it "
                 f"{'are' if len(figures) > 1 else 'is'} in {args.out}"
                 if figures else "no figure had finished: nothing was written")

@@ -404,6 +404,6 @@ def test_ctrl_c_in_a_benchmark_figure_is_one_line_and_exit_130(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, said
+    assert proc.returncode in (130, -signal.SIGINT), said  # both read 130 in a shell
     assert said.splitlines() == ["interrupted: no figure had finished: nothing was written; run the same command "
                                  "again for the rest"], said
