@@ -276,11 +276,11 @@ def test_as_many_rules_as_shapes_is_too_few_shapes_for_each_not_confounded_and_n
 
 
 def test_the_interval_does_not_move_with_the_grids_end_once_there_are_enough_shapes(monkeypatch):
-    import nas.stats.rules as rules
+    import nas.stats.rule_reml as reml  # the REML the rule fit uses
 
     scores, covariates = planted(np.random.default_rng(4), (0.02, -0.03), tau=0.02, sigma=0.05, shapes=7)
     before = fit_rules(scores, covariates, ["a", "b"], 3.0).estimate("b").sd
-    monkeypatch.setattr(rules, "LOG_LAMBDA_GRID", np.arange(-15.0, 9.0 + 1e-9, 0.5))
+    monkeypatch.setattr(reml, "LOG_LAMBDA_GRID", np.arange(-15.0, 9.0 + 1e-9, 0.5))
     assert fit_rules(scores, covariates, ["a", "b"], 3.0).estimate("b").sd == pytest.approx(before, rel=0.05)
 
 

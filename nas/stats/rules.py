@@ -57,16 +57,14 @@ import numpy as np
 from scipy.special import stdtrit
 
 from nas.stats.comparisons import ALPHA
-from nas.stats.mixed_model import golden_section
 from nas.stats.resolution import POWER
+from nas.stats.rule_reml import design_of, reml_estimate
 from nas.stats.scores import ShapeScores, mean_by_seed
-from nas.stats.shrinkage import LOG_LAMBDA_GRID, MIN_COMPONENT_WEIGHT
 
 CONFOUNDED = 1e-3  # 1 - R^2 of a rule's column on the other fixed effects below this: it was never varied apart
 MIN_SHAPES = 3  # a rule needs shapes to vary across, and the model a spread to estimate
 MIN_SHAPE_DF = 4  # S - 1 - R below this: the flat prior on tau leaves the interval to the grid's end (no number)
 MAX_SHARE = 0.5  # one shape's share of a rule's spread over the shapes above this: it is most of what varies it
-GOLDEN_STEPS = 48  # golden-section steps refining REML's log lambda: the bracket (1 wide) shrinks to 1e-10
 
 RESOLVED, NOT_RESOLVED, CONFOUNDED_VERDICT, NOT_VARIED = "resolved", "not resolved", "confounded", "not varied"
 TOO_FEW_SHAPES = "too few shapes"
@@ -215,47 +213,6 @@ def quantile(df: int, alpha: float = ALPHA) -> float:
     return float(stdtrit(max(df, 1), 1 - alpha / 2))
 
 
-@dataclass(frozen=True)
-class _Design:
-    """The sums GLS and REML need, independent of ``lambda`` (module docstring): ``p`` fixed effects, ``S`` shapes."""
-
-    counts: np.ndarray  # (S,) runs of each shape (Z'Z)
-    zx: np.ndarray  # (S, p)
-    xx: np.ndarray  # (p, p)
-    zy: np.ndarray  # (S,)
-    xy: np.ndarray  # (p,)
-    yy: float
-    n: int
-
-    @property
-    def p(self) -> int:
-        return len(self.xy)
-
-    def at(self, log_lam: float) -> tuple[float, float, np.ndarray, np.ndarray]:
-        """``(REML deviance, profiled s2, beta, (X' H^-1 X)^-1)`` at ``log lambda`` (``inf``: ``tau = 0``, OLS)."""
-        if math.isinf(log_lam):
-            a, c, quad, logh = self.xx, self.xy, self.yy, 0.0
-        else:
-            lam = math.exp(log_lam)
-            d = self.counts + lam  # (S,)
-            a = self.xx - self.zx.T @ (self.zx / d[:, None])  # (p, p): X' H^-1 X
-            c = self.xy - self.zx.T @ (self.zy / d)  # (p,): X' H^-1 y
-            quad = self.yy - float(np.sum(self.zy**2 / d))  # y' H^-1 y
-            logh = float(np.sum(np.log1p(self.counts / lam)))
-        inverse = np.linalg.inv(a)
-        beta = inverse @ c
-        df = self.n - self.p
-        q = max(quad - float(beta @ c), 1e-300)
-        return df * math.log(q / df) + logh + float(np.linalg.slogdet(a)[1]), q / df, beta, inverse
-
-
-def _design(shape: np.ndarray, x: np.ndarray, y: np.ndarray, n_shapes: int) -> _Design:
-    zx = np.zeros((n_shapes, x.shape[1]))
-    np.add.at(zx, shape, x)
-    return _Design(np.bincount(shape, minlength=n_shapes).astype(float), zx, x.T @ x,
-                   np.bincount(shape, weights=y, minlength=n_shapes), x.T @ y, float(y @ y), len(y))
-
-
 def _unexplained(column: np.ndarray, others: np.ndarray) -> float:
     """``1 - R^2`` of ``column`` regressed on ``others`` (no intercept added), 0 for a column the others span."""
     total = float(column @ column)
@@ -330,8 +287,8 @@ def fit_rules(scores: Mapping[str, ShapeScores], covariates: Mapping[str, Sequen
     df_runs = len(y) - x.shape[1]
     if df_runs < 1:
         return None
-    design = _design(shape, x, y, len(keys))
-    beta, covariance, tau, sigma, df, u = _estimate(design, len(fitted), len(keys), len(seed_list))
+    design = design_of(shape, x, y, len(keys))
+    beta, covariance, tau, sigma, df, u = reml_estimate(design, len(fitted), len(keys), len(seed_list))
     covariance_of = {names[j]: i for i, j in enumerate(fitted)}
     q, power_q = quantile(df), float(stdtrit(max(df, 1), POWER))
     # too few shapes for the rules the study varied: with S <= R + 1 every column is a combination of the others,
@@ -397,31 +354,3 @@ def _influence_checked(estimate: RuleEstimate, scores: Mapping[str, ShapeScores]
         if not held:
             return replace(estimate, verdict=CARRIED, carried_by=left)
     return estimate
-
-
-def _estimate(design: _Design, n_rules: int, n_shapes: int, n_seeds: int):
-    """The REML estimate and the lambda-averaged covariance of the rules' effects (module docstring): ``(beta (R,),
-    covariance (R, R), tau, sigma, df, seed effects (I,))``."""
-    evaluated = [design.at(float(g)) for g in LOG_LAMBDA_GRID]
-    deviances = np.array([e[0] for e in evaluated])
-    no_spread = design.at(math.inf)
-    i = int(np.argmin(deviances))
-    if no_spread[0] <= deviances[i] + 1e-9:  # flattest at no spread: tau = 0, the fit is OLS with seed effects
-        mode_log_lam, (_, s2, beta, _) = math.inf, no_spread
-    else:
-        low, high = LOG_LAMBDA_GRID[max(0, i - 1)], LOG_LAMBDA_GRID[min(len(LOG_LAMBDA_GRID) - 1, i + 1)]
-        mode_log_lam = golden_section(lambda v: design.at(v)[0], float(low), float(high), GOLDEN_STEPS)
-        _, s2, beta, _ = design.at(mode_log_lam)
-    taus = np.sqrt([e[1] / math.exp(g) for g, e in zip(LOG_LAMBDA_GRID, evaluated)])  # (G,)
-    weights = np.exp(-(deviances - deviances.min()) / 2) * taus  # flat in tau (as nas.stats.shrinkage.fit)
-    weights /= weights.sum()
-    rules = slice(design.p - n_rules, design.p)
-    covariance = np.zeros((n_rules, n_rules))
-    kept = weights > MIN_COMPONENT_WEIGHT
-    for w, (_, s2_j, beta_j, inverse_j) in zip(weights[kept] / weights[kept].sum(),
-                                               (e for e, k in zip(evaluated, kept) if k)):
-        shift = beta_j[rules] - beta[rules]
-        covariance += w * (s2_j * inverse_j[rules, rules] + np.outer(shift, shift))
-    tau = 0.0 if math.isinf(mode_log_lam) else math.sqrt(s2 / math.exp(mode_log_lam))
-    df = max(1, n_shapes - 1 - n_rules)
-    return beta[rules], covariance, tau, math.sqrt(s2), df, beta[:n_seeds]
