@@ -55,3 +55,17 @@ def test_a_damaged_run_result_is_one_error_naming_the_file_and_what_to_do(tmp_pa
 
 def test_a_run_folder_without_a_result_has_none_yet(tmp_path):
     assert read_result(tmp_path) is None
+
+
+def test_the_write_probe_takes_nothing_from_a_folder_holding_the_users_files_and_the_study(tmp_path):
+    """Checking an output place creates and removes one file of its own (``nas.files.writable_folder``): the user's
+    files and the study being read stay, byte for byte, and nothing is left beside them."""
+    from nas.files import output_folder
+
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "nas.db").write_bytes(b"SQLite format 3\x00" + bytes(100))
+    (tmp_path / ".nas-write-probe-mine").write_text("a name like the probe's")  # not one the probe made
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    OutputFile.of(tmp_path / "report.html", "-o")
+    output_folder(tmp_path / "runs", "--out")
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
