@@ -48,7 +48,7 @@ class StudyData:
     skipped: list[str] = field(default_factory=list)  # one warning per trial whose stored attrs are unreadable
     answers: dict[tuple[str, ...], Answer] = field(default_factory=dict, repr=False)  # ``answer``'s cache
     storage: str | None = None  # the storage URL it was read from as the page may show it (its password masked)
-    storage_masked: bool = False  # ``storage`` hides a password: a command shown with it says so
+    storage_note: str = ""  # what a command shown with ``storage`` adds (``nas.study.config.hidden_password_note``)
 
     @property
     def scores(self) -> dict[str, ShapeScores]:

@@ -79,7 +79,7 @@ def reruns_section(data: StudyData) -> Section:
         section.empty = ("no full-scale re-runs are stored for this study yet: `nas rerun --study-name "
                          f"{shlex.quote(data.name)}{storage} --top K --preset NAME` trains the best shapes and the "
                          "baseline at a target preset and writes them here"
-                         + (" (*** stands for the storage's password, not printed)" if data.storage_masked else ""))
+                         + data.storage_note)
         return section
     for preset, runs in data.reruns.groupby("preset", sort=True):
         full = {key: list(group["val_loss"]) for key, group in runs.groupby("proxy_key")}

@@ -399,11 +399,13 @@ def test_the_staircase_titles_give_the_leaderboards_seed_adjusted_loss():
 
 def test_the_re_run_hint_names_the_storage_it_was_read_from():
     """It left --storage out, so the command as printed looked for the default nas.db."""
+    from nas.study.config import hidden_password_note
     from reports.reruns import reruns_section
 
     data = read_study(synthetic_study(SyntheticSpec(space="prism", preset="tiny", trials=6)))
     assert "--storage" not in reruns_section(data).empty  # the default storage: nothing to add
-    data.storage, data.storage_masked = "postgresql://nas:***@db/nas", True  # as nas report sets them
+    data.storage = "postgresql://nas:***@db/nas"  # as nas report sets them
+    data.storage_note = hidden_password_note("postgresql://nas:secret@db/nas")
     hint = reruns_section(data).empty
     assert "--storage 'postgresql://nas:***@db/nas' --top K" in hint and "secret" not in hint
     assert hint.endswith("(*** stands for the storage's password, not printed)")

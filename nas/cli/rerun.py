@@ -92,8 +92,8 @@ def check_target(preset: str, tokens: str | None, data: str, nproc: int, device:
     options = LaunchOptions(preset=preset, data=data, tokens=budget, nproc=nproc, device=device, compile=compile,
                             micro_batch=micro_batch, checkpoint_every=checkpoint_every, threads=threads)
     train = target.train.with_(**({"tokens": budget} if budget else {}))
-    if train.whole_steps_note():
-        typer.echo(f"note: {train.whole_steps_note()}", err=True)
+    if rounded := train.whole_steps_note():
+        typer.echo(f"note: {rounded}", err=True)
     return Target(target, train, dataset, options, run_device)
 
 

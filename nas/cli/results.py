@@ -13,7 +13,7 @@ from nas.cli.options import StorageOpt, StudyOpt, TableOrJson, choices
 from nas.cli.skipped import warn_skipped
 from nas.errors import UsageError, printable
 from nas.files import OutputFile
-from nas.study.config import DEFAULT_STORAGE, display_url
+from nas.study.config import DEFAULT_STORAGE, display_url, hidden_password_note
 
 DEFAULT_TOP = 10
 TopOpt = Annotated[int, typer.Option("--top", help="How many shapes (the baseline is always shown).")]
@@ -141,7 +141,7 @@ def report(
     study, store = open_existing_study(storage, study_name)
     data = read_study(study, read_reruns(store, study.study_name))
     if storage != DEFAULT_STORAGE:  # the page's commands name the storage where it is not the default
-        data.storage, data.storage_masked = display_url(storage), display_url(storage) != storage
+        data.storage, data.storage_note = display_url(storage), hidden_password_note(storage)
     warn_skipped(data)
     path, seconds = write_report(data, target, top, plotlyjs.value)
     size = path.stat().st_size / 2**20

@@ -69,8 +69,8 @@ def train(
 
         compile = compiles_by_default(resolve_device(cfg.device))
     cfg = cfg.with_(compile=compile)
-    if cfg.whole_steps_note() and int(os.environ.get("RANK", "0")) == 0:
-        typer.echo(f"note: {cfg.whole_steps_note()}", err=True)
+    if (rounded := cfg.whole_steps_note()) and int(os.environ.get("RANK", "0")) == 0:
+        typer.echo(f"note: {rounded}", err=True)
 
     from nas.data import load_data
     from nas.study.signals import interruptible, raise_if_stopped

@@ -235,8 +235,8 @@ def run_search(config: SearchConfig, on_event: Callable[[TrialEvent], None] | No
     search = open_search(placed(config, places[0], workers) if workers == 1 else replace(config, workers=workers))
     search.placements = places
     search.device_label = places[0].label
-    if search.train.whole_steps_note():
-        search.notes.append(search.train.whole_steps_note())
+    if rounded := search.train.whole_steps_note():
+        search.notes.append(rounded)
     requeue_orphans(search)
     if on_start is not None:
         on_start(search)

@@ -30,12 +30,12 @@ def fail_stale(study: optuna.Study, storage: optuna.storages.BaseStorage, study_
     whose heartbeat is older than the storage's grace period as abandoned, then re-queue it through the storage's
     stale-trial callback (its retries bounded there), with its shape, seed and role; returns how many."""
     failed = []
+    retry = storage.get_heartbeat_stale_trial_callback()  # type: ignore[attr-defined]
     for stale in stale_trial_ids(storage, study_id):
         with interrupts_deferred():  # a Ctrl-C between the fail and the re-queue would lose the shape
             if not _fail_as_abandoned(storage, stale, STALE_REASON):
                 continue
             failed.append(stale)
-            retry = storage.get_heartbeat_stale_trial_callback()  # type: ignore[attr-defined]
             if retry is not None:
                 frozen = storage.get_trial(stale)
                 retry(study, replace_user_attrs(frozen, {k: frozen.user_attrs[k] for k in ("key", "seed", "role")
