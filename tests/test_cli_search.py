@@ -338,3 +338,13 @@ def test_the_last_line_says_when_every_trained_trial_failed():
     assert trained_text([trial(TrialState.COMPLETE, "ok"), trial(TrialState.PRUNED, "pruned")]) == (
         "2 trained trials", False)
     assert trained_text([]) == ("0 trained trials", False)
+
+
+def test_the_first_line_names_as_many_racers_as_the_space_holds():
+    """A race of "the 8 best" in a space of 5 shapes (the baseline and 4 others) races 4 of them, and says so."""
+    from nas.cli.progress import replicates_text
+
+    assert replicates_text("race", 8, 5) == "then a race of the baseline and the 4 best"
+    assert replicates_text("race", 3, 129) == "then a race of the baseline and the 3 best"
+    assert replicates_text("race", 8, 2) == "then a race of the baseline and the best shape"
+    assert replicates_text("fixed", 8, 5) == "then seed replicates"

@@ -49,6 +49,18 @@ def placement_text(placements: list) -> str:
             f"{' each' if n > 1 else ''})")
 
 
+def replicates_text(replicates: str, race_size: int, shapes: int) -> str:
+    """What follows an exhaustive walk, as the first line says it: a race names the shapes that can race (at most
+    the space's shapes besides the baseline, however large ``--race-size``)."""
+    if replicates == "race":
+        racers = min(race_size, max(0, shapes - 1))
+        return f"then a race of the baseline and the {racers} best" if racers != 1 \
+            else "then a race of the baseline and the best shape"
+    return {"adaptive": "then adaptive replicates (knowledge gradient)",
+            "adaptive-answer": "then adaptive replicates (knowledge gradient and the answer's sentence)",
+            }.get(replicates, "then seed replicates")
+
+
 class Progress:
     """One line per trial, e.g.::
 
@@ -70,13 +82,11 @@ class Progress:
         c = search.config
         self.workers = len(search.placements) or self.workers
         self.devices = len({p.label for p in search.placements}) or 1
-        then = {"race": f"then a race of the baseline and the {c.race_size} best",
-                "adaptive": "then adaptive replicates (knowledge gradient)",
-                "adaptive-answer": "then adaptive replicates (knowledge gradient and the answer's sentence)",
-                }.get(c.replicates, "then seed replicates")
+        shapes = search.space.count()
+        then = replicates_text(c.replicates, c.race_size, shapes)
         mode = f"exhaustive walk, {then}" if search.exhaustive else f"{c.sampler or 'default'} sampler"
         self.print(f"study {c.study_name!r} in {display_url(c.storage)}: {c.space.space} space of "
-                   f"{search.space.count()} shapes "
+                   f"{shapes} shapes "
                    f"({mode}); preset {c.preset} ({search.train.tokens} tokens/trial, {search.train.device}); "
                    f"data {printable(search.data.name)} ({len(search.data.train)} train tokens); "
                    f"target {c.trials} trials; "
