@@ -390,6 +390,38 @@ def test_a_stop_before_a_command_handles_it_is_one_line_and_exit_130(tmp_path, s
     assert not database.exists()  # it stopped before the search opened the storage
 
 
+SWALLOWED_BEFORE_RULES = """
+import os, signal, sys
+import typer.core
+
+stop = getattr(signal, sys.argv[2])
+read = typer.core.TyperGroup.make_context
+def reading(*args, **kwargs):  # a stop while the command line is read, its exception caught where it landed
+    try:
+        os.kill(os.getpid(), stop)
+    except BaseException:
+        pass
+    return read(*args, **kwargs)
+typer.core.TyperGroup.make_context = reading
+sys.argv = ["nas", "rules", "--study-name", "none", "--storage", sys.argv[1]]
+from nas.cli import main
+main()
+"""
+
+
+@pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM"])
+def test_nas_rules_stops_on_a_stop_that_an_import_swallowed(tmp_path, stop):
+    """`nas rules` (a read, or a --confirm that trains) read the storage and answered after a stop whose exception
+    was swallowed before its handler ran: it stops instead, as search, train and rerun do."""
+    database = tmp_path / "nas.db"
+    done = subprocess.run([sys.executable, "-c", SWALLOWED_BEFORE_RULES, f"sqlite:///{database}", stop],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.splitlines() == ["interrupted: the command stopped before it finished; run the same command "
+                                        "again"], done.stderr
+    assert not database.exists()
+
+
 def test_ctrl_c_in_a_benchmark_figure_is_one_line_and_exit_130(tmp_path):
     """`nas bench` stopped mid-figure printed a 45-line KeyboardInterrupt traceback."""
     from search_helpers import nas_env
