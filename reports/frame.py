@@ -162,16 +162,24 @@ class StudyData:
         return self.frame[self.frame["counted"]] if not self.frame.empty else self.frame
 
 
+# written on a RUNNING trial by a worker that fails it (nas.study.recovery) just before the state changes: a trial
+# whose own worker finished it in that instant keeps the mark, and its state is the truth
+_RECOVERY_MARKS = ("abandoned", "interrupted")
+
+
 def _row(trial: FrozenTrial) -> dict[str, Any]:
     a = trial.user_attrs
     heads = a.get("heads")
+    status, reason = a.get("status") or _status_of(trial), a.get("reason")
+    if status in _RECOVERY_MARKS and trial.state in (TrialState.COMPLETE, TrialState.PRUNED):
+        status, reason = _status_of(trial), None
     return {
         "number": trial.number, "state": trial.state.name, "counted": counts(trial), "key": a.get("key"),
         "seed": a.get("seed"), "role": a.get("role"), "heads": heads,
         "plateaus": format_plateaus(heads) if heads else None, "k": a.get("k"), "d_h": a.get("d_h"),
         "d_model": a.get("d_model"), "layers": a.get("layers"), "d_model_per_layer": a.get("d_model_per_layer"),
         "d_h_over_d_model": a.get("d_h_over_d_model"), "params": a.get("params"), "val_loss": a.get("val_loss"),
-        "status": a.get("status") or _status_of(trial), "reason": a.get("reason"),
+        "status": status, "reason": reason,
         "duplicate_of": a.get("duplicate_of"), "tokens_per_s": a.get("tokens_per_s"),
         "wall_time_s": a.get("wall_time_s"), "eval_curve": a.get("eval_curve") or [],
         "train_curve": a.get("train_curve") or [], "attention_distance": a.get("attention_distance") or [],

@@ -160,3 +160,16 @@ def test_the_rows_above_the_answers_pick_are_said_for_what_they_are():
                                            "raced; 1 shape with as many seeds or more ranks above it on the "
                                            "leaderboard's shrunk expected gain: the race picked it by its paired "
                                            "gain on the race's common seeds.")
+
+
+def test_a_trial_its_worker_finished_as_another_failed_it_reads_by_its_state(study):
+    """A worker failing a stale trial writes status "abandoned" and its reason, then the state (nas.study.recovery):
+    a trial whose own worker told it COMPLETE in between kept the mark, and read as abandoned with a score."""
+    from reports.frame import read_study
+
+    add(study, BASE, 0, 3.40, role="baseline")
+    add(study, STEP, 0, 3.35, status="abandoned", reason="its heartbeat stopped")
+    add(study, STEP, 1, None, state=TrialState.FAIL, status="abandoned", reason="its heartbeat stopped")
+    frame = read_study(study).frame
+    assert list(frame["status"]) == ["ok", "ok", "abandoned"]
+    assert frame["reason"].isna().tolist() == [True, True, False]
