@@ -48,6 +48,9 @@ def summary_section(data: StudyData, summary: Summary) -> Section:
         html += ('<p class="note">Design rules (the section below has them all):</p><ul class="rules">'
                  + "".join(f"<li>{text(s[0].upper() + s[1:])}.</li>" for s in summary.rule_sentences) + "</ul>")
     html += table(facts) + table(summary.rows, css="board", formats=SHAPE_FORMATS)
+    timed = [row for row in summary.rows if row.get("tokens/s vs baseline") is not None]
+    if timed:
+        html += f'<p class="note">{text(speed_note(timed))}</p>'
     if data.skipped:
         html += ('<p class="note">Left out of every figure and number, their stored attributes being unreadable: '
                  + "; ".join(text(line) for line in data.skipped) + ".</p>")
@@ -55,6 +58,17 @@ def summary_section(data: StudyData, summary: Summary) -> Section:
                    "adaptive replicates its shrunk gain with a credible interval; after a race or fixed replicates "
                    "its paired gain on common seeds, leaving out the seed that selected it), and what is tied with it.",
                    html=html)
+
+
+def speed_note(rows: list[dict]) -> str:
+    """What the summary's tokens/s ratio is: a ratio of medians over each side's own runs, timed where and when each
+    ran, beside whatever shared the machine (a helper read 7.7x between two shapes of one size on a loaded machine)."""
+    runs = " and ".join(f"{row['seeds']} run{'s' if row['seeds'] != 1 else ''}" for row in rows
+                        if row[""] != "baseline")
+    base = next((row["seeds"] for row in rows if row[""] == "baseline"), 0)
+    return (f"tokens/s vs baseline: the median tokens/s of the shape's {runs} over the baseline's {base}, each run "
+            "timed beside whatever else shared its machine then: far from 1x between shapes of one size, it "
+            "measures load, not shape (`nas bench --only 1` times schedules side by side).")
 
 
 def leaderboard_section(data: StudyData, summary: Summary, top: int) -> Section:

@@ -15,7 +15,7 @@ mean over seeds is computed.
 from __future__ import annotations
 
 import math
-from statistics import fmean, stdev
+from statistics import fmean, median, stdev
 from typing import Any
 
 import optuna
@@ -79,7 +79,7 @@ def leaderboard_of(trials: list[FrozenTrial], baseline_key: str | None, top: int
             "adjusted_loss": adj, "mean_loss": mean, "ci95": ci95(shape.losses),
             "loss_on_baseline_seeds": loss_on_seeds(shape, base_at), "baseline_seeds": shared(shape, base_at),
             "gain_pct": 100 * (base.mean - adj) / base.mean if base else None,
-            "params": first.get("params"), "tokens_per_s": fmean(speeds) if speeds else None,
+            "params": first.get("params"), "tokens_per_s": median(speeds) if speeds else None,  # one run slowed by a neighbour moves it least
             "trials": ",".join(map(str, shape.trials)), "is_baseline": key == baseline_key, "key": key,
             "arch": first.get("arch"),
         })

@@ -434,3 +434,25 @@ def test_staircases_below_uniform_leaders_say_which_ranks_they_are():
     (said,) = [n for n in staircase_section(data).notes if n.startswith("The leaderboard's")]
     assert said.startswith(f"The leaderboard's ranks 1-{first - 1} have a uniform head count (no staircase); the "
                            f"panels are its best non-uniform schedules: rank {first}, rank {first + 1}")
+
+
+def test_the_summary_says_what_its_tokens_per_s_ratio_is_and_a_slow_run_moves_it_least():
+    """The summary's "tokens/s vs baseline" was a ratio of means over each side's runs, with no word of what it is:
+    one run slowed by another process moved it (a helper read 7.7x between shapes of one size on a loaded machine)."""
+    from html import unescape
+
+    study = optuna.create_study(study_name="speeds")
+    base, other = uniform(4, 32, 4, 256), uniform(4, 32, 4, 256).replace(heads=[2, 2, 4, 4])
+    study.set_user_attr("nas:baseline_key", base.key())
+    for seed in range(3):
+        for arch, role, loss, speed in ((base, "baseline" if seed == 0 else "replicate", 3.0, 1000.0),
+                                        (other, "member" if seed == 0 else "replicate", 2.9, 100.0 if seed == 2
+                                         else 1000.0)):  # one run of the shape shared the machine
+            study.add_trial(optuna.trial.create_trial(value=loss + 0.01 * seed, user_attrs={
+                **shape_attrs(arch, seed, role), "val_loss": loss + 0.01 * seed, "tokens_per_s": speed}))
+    data = read_study(study)
+    ratios = {row[""]: row["tokens/s vs baseline"] for row in summarise(data).rows}
+    assert ratios == {"best": 1.0, "baseline": 1.0}  # medians: the mean would say 0.70x
+    html, _ = page_of(study)
+    assert ("tokens/s vs baseline: the median tokens/s of the shape's 3 runs over the baseline's 3, each run timed "
+            "beside whatever else shared its machine then") in unescape(html)
