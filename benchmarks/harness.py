@@ -127,7 +127,7 @@ class Ratio:
     q75: float
     rounds: int
     seconds: float  # median time of one contender block
-    ref_seconds: float  # median time of one reference block
+    ref_seconds: float  # median time of the reference blocks beside this contender's (the ratio's own neighbours)
 
     def spread(self) -> str:
         return f"{self.q25:.2f}-{self.q75:.2f}"
@@ -145,7 +145,9 @@ def sandwich(reference: Callable[[], Any], contenders: dict[str, Callable[[], An
     """Interleave ``R C1 R C2 ... R Cn R`` for ``rounds`` rounds; ``ratio = mean(neighbouring R) / C`` per round.
 
     Every callable runs one block (a few training steps). Contender order rotates every round
-    so no contender always follows the same one.
+    so no contender always follows the same one. A contender's ``ref_seconds`` is the median of
+    its own neighbouring reference times, the ones its ratios divide by (a median over every
+    reference block mixed in the load beside the other contenders).
     """
     names = list(contenders)
     for _ in range(warmup):
@@ -155,23 +157,21 @@ def sandwich(reference: Callable[[], Any], contenders: dict[str, Callable[[], An
     synchronize(device)
     ratios: dict[str, list[float]] = {n: [] for n in names}
     times: dict[str, list[float]] = {n: [] for n in names}
-    ref_times: list[float] = []
+    beside: dict[str, list[float]] = {n: [] for n in names}  # the mean of each block's two neighbouring references
     for r in range(rounds):
         order = names[r % len(names):] + names[:r % len(names)] if names else []
         before = timed(reference, device)
-        ref_times.append(before)
         for name in order:
             t = timed(contenders[name], device)
             after = timed(reference, device)
-            ref_times.append(after)
-            ratios[name].append(0.5 * (before + after) / t)
+            beside[name].append(0.5 * (before + after))
+            ratios[name].append(beside[name][-1] / t)
             times[name].append(t)
             before = after
-    ref_median = statistics.median(ref_times)
     out = {}
     for name in names:
         med, q25, q75 = _quartiles(ratios[name])
-        out[name] = Ratio(med, q25, q75, rounds, statistics.median(times[name]), ref_median)
+        out[name] = Ratio(med, q25, q75, rounds, statistics.median(times[name]), statistics.median(beside[name]))
     return out
 
 

@@ -75,6 +75,23 @@ def test_sandwich_pairs_every_contender_with_its_neighbouring_reference_blocks()
     assert set(ratios) == {"a", "b"} and all(r.rounds == 2 and r.median > 0 for r in ratios.values())
 
 
+def test_a_contenders_reference_time_is_the_one_its_ratio_divides_by(monkeypatch) -> None:
+    """Figure 1's "uniform tokens/s" column was the median over every reference block, while each row's ratio used
+    the blocks beside it: a reference slowed beside one contender showed in that row's ratio but not its column."""
+    import benchmarks.harness
+
+    durations = iter([1.0, 1.0, 1.0, 1.0, 5.0])  # R a R b R: the last reference block ran under load
+
+    def timed(fn, device):
+        fn()
+        return next(durations)
+
+    monkeypatch.setattr(benchmarks.harness, "timed", timed)
+    ratios = sandwich(lambda: None, {"a": lambda: None, "b": lambda: None}, rounds=1, warmup=0)
+    assert (ratios["a"].ref_seconds, ratios["a"].median) == (1.0, 1.0)
+    assert (ratios["b"].ref_seconds, ratios["b"].median) == (3.0, 3.0)
+
+
 def test_markdown_renders_a_figure_without_rows() -> None:
     figure = Figure(number=9, name="x", title="X", target="t", method="m", columns=["a"], passed=None, summary="s")
     info = {"date_utc": "d", "cpu": "c", "cores": 2, "cores_usable": 2, "threads": 2, "device": "cpu",
