@@ -305,6 +305,11 @@ def count_over_prism(rule: KVRule, prism: PrismSpace) -> int:
                    if rule.allows(prism.h_base, g))
     base, counts = prism.h_base, (*prism.candidates, prism.h_base)
     cap = prism.min_baseline
+    # a plateau that can never reach its longest allowed length (it is at least the depth) only needs counting up to
+    # its shortest: every longer run then allows the same moves. Without this, plateaus up to 4,096 layers made
+    # the states grow with depth and the count cubic in it (61 s at 128 layers)
+    head_cap = prism.min_plateau if prism.max_plateau >= prism.layers else prism.max_plateau
+    kv_cap = rule.min_plateau if rule.max_plateau >= prism.layers else rule.max_plateau + 1
 
     def head_moves(state: tuple[int, int] | None) -> Iterator[tuple[int, int]]:
         if state is None:
@@ -315,7 +320,7 @@ def count_over_prism(rule: KVRule, prism: PrismSpace) -> int:
             yield base, min(run + 1, cap)
             return
         if run < prism.max_plateau:
-            yield h, run + 1
+            yield h, min(run + 1, head_cap)
         if run >= prism.min_plateau:
             yield from ((higher, 1) for higher in counts if higher > h)
 
@@ -324,8 +329,8 @@ def count_over_prism(rule: KVRule, prism: PrismSpace) -> int:
         following: dict[tuple[tuple[int, int] | None, State], int] = {}
         for (head_state, kv_state), n in layer_states.items():
             for head_after in head_moves(head_state):
-                for _, kv_after in rule._next(kv_state, head_after[0]):
-                    key = (head_after, kv_after)
+                for _, (g, run, ended) in rule._next(kv_state, head_after[0]):
+                    key = (head_after, (g, min(run, kv_cap), ended))
                     following[key] = following.get(key, 0) + n
         layer_states = following
     return sum(n for (head_state, kv_state), n in layer_states.items()

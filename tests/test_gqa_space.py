@@ -113,6 +113,10 @@ def test_counting_over_prism_schedules_equals_the_sum_over_each_schedule():
         (8, 12, {}, {}),
         (9, 12, {"min_plateau": 1, "max_plateau": 3, "min_baseline": 3}, {"min_plateau": 1, "max_plateau": 2}),
         (7, 8, {"hw_aligned": True}, {"min_plateau": 3, "max_plateau": 3, "min_kv_heads": 2}),
+        # plateaus at least as long as the depth (their runs counted only up to the shortest), and at its edge
+        (8, 12, {"max_plateau": 4096, "min_baseline": 1}, {"max_plateau": 4096}),
+        (6, 12, {"max_plateau": 6, "min_baseline": 1}, {"min_plateau": 1, "max_plateau": 5}),
+        (6, 12, {"max_plateau": 5, "min_baseline": 1}, {"min_plateau": 3, "max_plateau": 6}),
     ]:
         prism = PrismSpace(layers, 48 if heads == 12 else 64, heads, **options)
         rule = KVRule.build(heads, None, schedule=True, **{("min_kv_heads" if k == "min_kv_heads" else k): v
