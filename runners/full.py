@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from nas.arch import ArchConfig
-from nas.data import TokenData, check_vocabulary, validation_batches
+from nas.data import TokenData, check_enough_tokens, check_vocabulary, validation_batches
 from nas.errors import UsageError
 from nas.model.transformer import Transformer
 from nas.units import format_duration
@@ -193,6 +193,8 @@ def read_result(folder: Path) -> dict[str, Any] | None:
 def _run(arch: ArchConfig, cfg: TrainConfig, data: TokenData, options: RunOptions,
          processes: Processes) -> dict[str, Any]:
     check_vocabulary(arch.vocab_size, data)
+    check_enough_tokens(data, cfg.batch_size, cfg.seq_len)  # one line naming the data, before any file is made
+    val = validation_batches(data.val, cfg.batch_size, cfg.seq_len, cfg.eval_tokens)
     if cfg.score_evals > 1:
         raise UsageError(f"score_evals={cfg.score_evals}: a full-scale run is scored by its final evaluation; use 1")
     identity = run_identity(arch, cfg, data)
@@ -243,7 +245,6 @@ def _run(arch: ArchConfig, cfg: TrainConfig, data: TokenData, options: RunOption
         except OSError as error:
             raise UsageError(f"--out {str(out)!r} cannot be a run's folder: {error.strerror or error}") from None
     log = RunLog(out / "log.jsonl" if out is not None and processes.main else None, first_step)
-    val = validation_batches(data.val, cfg.batch_size, cfg.seq_len, cfg.eval_tokens)
     peak = measure_matmul_peak(device, torch.bfloat16 if cfg.dtype == "bf16" and device.type == "cuda"
                                else torch.float32)
     flops = arch.flops_per_token(cfg.seq_len)

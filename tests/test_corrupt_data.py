@@ -125,3 +125,17 @@ def test_nas_train_on_corrupt_data_says_which_file_and_what_and_writes_nothing(t
                                       "--data", str(data), "--out", str(out)])
     assert_one_line_naming(result, named, problem)
     assert not out.exists()
+
+
+def test_nas_train_on_data_too_small_for_one_batch_says_so_and_makes_no_run_folder(tmp_path):
+    """60 validation tokens: nas train refused them in one line, after making --out and an empty log.jsonl in it."""
+    data = tmp_path / "small.txt"
+    data.write_text("hello world " * 100)
+    config = tmp_path / "arch.json"
+    config.write_text(uniform(4, 32, 4, 256).to_json())
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["train", "--config", str(config), "--preset", "tiny", "--data", str(data),
+                                      "--out", str(out)])
+    assert result.exit_code == 2 and result.stderr.splitlines() == [
+        f"error: data {str(data)!r} has 60 validation tokens; one batch of 4x32 needs 129"], result.stderr
+    assert not out.exists()

@@ -63,6 +63,15 @@ def test_a_micro_batch_that_does_not_split_the_batch_is_refused_before_anything_
     assert says in refused(study, tmp_path, "--preset", "tiny", *args)
 
 
+def test_data_too_small_for_one_batch_is_refused_before_anything_is_written(study, tmp_path):
+    """1,200 bytes of text (60 validation tokens): the first run's process refused it, after its folder was made,
+    in two error lines; nas search refuses the same data in one line before it touches the storage."""
+    small = tmp_path / "small.txt"
+    small.write_text("hello world " * 100)
+    line = refused(study, tmp_path, "--preset", "tiny", "--data", str(small))
+    assert "validation tokens; one batch of 4x32 needs 129" in line, line
+
+
 def test_a_compiled_run_without_the_compiler_it_needs_is_refused(study, tmp_path, monkeypatch):
     import torch._inductor.config as inductor
 

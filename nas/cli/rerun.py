@@ -59,7 +59,7 @@ def check_target(preset: str, tokens: str | None, data: str, nproc: int, device:
                  micro_batch: int = 0, checkpoint_every: int = 0, threads: int = 0) -> Target:
     """Every option of a re-run checked before anything is written (``UsageError`` in one line): the preset, the
     tokens, the device (and whether it compiles there), the data and the split of the global batch."""
-    from nas.data import load_data
+    from nas.data import check_enough_tokens, load_data
     from nas.rerun.launch import LaunchOptions
     from runners.device import check_runnable, compiles_by_default
     from runners.presets import get_preset
@@ -92,6 +92,7 @@ def check_target(preset: str, tokens: str | None, data: str, nproc: int, device:
     options = LaunchOptions(preset=preset, data=data, tokens=budget, nproc=nproc, device=device, compile=compile,
                             micro_batch=micro_batch, checkpoint_every=checkpoint_every, threads=threads)
     train = target.train.with_(**({"tokens": budget} if budget else {}))
+    check_enough_tokens(dataset, train.batch_size, train.seq_len)  # each run would refuse it after its folder
     if rounded := train.whole_steps_note():
         typer.echo(f"note: {rounded}", err=True)
     return Target(target, train, dataset, options, run_device)
