@@ -79,7 +79,8 @@ def leaderboard_of(trials: list[FrozenTrial], baseline_key: str | None, top: int
             "adjusted_loss": adj, "mean_loss": mean, "ci95": ci95(shape.losses),
             "loss_on_baseline_seeds": loss_on_seeds(shape, base_at), "baseline_seeds": shared(shape, base_at),
             "gain_pct": 100 * (base.mean - adj) / base.mean if base else None,
-            "params": first.get("params"), "tokens_per_s": median(speeds) if speeds else None,  # one run slowed by a neighbour moves it least
+            # the median: one run slowed by a neighbour on the machine moves it least
+            "params": first.get("params"), "tokens_per_s": median(speeds) if speeds else None,
             "trials": ",".join(map(str, shape.trials)), "is_baseline": key == baseline_key, "key": key,
             "arch": first.get("arch"),
         })

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from statistics import mean, median, stdev
+from statistics import median, stdev
 
 import optuna
 import pytest
