@@ -48,15 +48,22 @@ def arch_from_json(data: Any, source: str, rank: int | None = None) -> ArchConfi
         rows = [row for row in data if isinstance(row, dict)]
         if not rows or len(rows) != len(data):
             raise UsageError(f"{source} holds a list, but not of `nas best`/`nas export` rows (JSON objects)")
-        if rank is None:
-            rank = 1
-        if not 1 <= rank <= len(rows):
-            raise UsageError(f"--rank {rank} is invalid: {source} holds {len(rows)} rows (ranks 1-{len(rows)})")
-        ranked = [row for row in rows if isinstance(row.get("rank"), int) and row.get("rank") == rank]
-        if len(ranked) > 1:  # an edited or concatenated file: which of them was meant is not the tool's guess
-            raise UsageError(f"{source} holds {len(ranked)} rows of rank {rank}: keep one (a `nas best --format "
-                             "json` file has one row a rank)")
-        data = ranked[0] if ranked else rows[rank - 1]
+        labels = [row["rank"] for row in rows if isinstance(row.get("rank"), int) and not isinstance(row["rank"], bool)]
+        if labels:  # leaderboard rows carry their rank: --rank names one (a --top file keeps the baseline's own rank)
+            rank = min(labels) if rank is None else rank
+            ranked = [row for row in rows if row.get("rank") == rank and not isinstance(row.get("rank"), bool)]
+            if not ranked:
+                raise UsageError(f"--rank {rank} is invalid: {source} holds the rows of rank "
+                                 f"{', '.join(map(str, sorted(set(labels))))}")
+            if len(ranked) > 1:  # an edited or concatenated file: which of them was meant is not the tool's guess
+                raise UsageError(f"{source} holds {len(ranked)} rows of rank {rank}: keep one (a `nas best --format "
+                                 "json` file has one row a rank)")
+            data = ranked[0]
+        else:  # rows without a rank: --rank counts them
+            rank = 1 if rank is None else rank
+            if not 1 <= rank <= len(rows):
+                raise UsageError(f"--rank {rank} is invalid: {source} holds {len(rows)} rows (ranks 1-{len(rows)})")
+            data = rows[rank - 1]
     elif rank is not None and rank != 1:
         raise UsageError(f"--rank {rank} needs a list of rows, and {source} holds one shape")
     if not isinstance(data, dict):

@@ -53,10 +53,22 @@ def test_what_is_not_a_shape_is_one_usage_error(data, says):
 
 
 def test_a_rank_outside_the_leaderboard_or_on_a_single_shape_is_refused():
-    with pytest.raises(UsageError, match=r"--rank 3 is invalid: .* holds 2 rows \(ranks 1-2\)"):
+    with pytest.raises(UsageError, match=r"--rank 3 is invalid: f holds the rows of rank 1, 2$"):
         arch_from_json([row(1, STEP), row(2, BASE)], "f", rank=3)
+    with pytest.raises(UsageError, match=r"--rank 3 is invalid: f holds 2 rows \(ranks 1-2\)"):  # rows without a rank
+        arch_from_json([{"arch": STEP.to_dict()}, {"arch": BASE.to_dict()}], "f", rank=3)
     with pytest.raises(UsageError, match="--rank 2 needs a list of rows"):
         arch_from_json(STEP.to_dict(), "f", rank=2)
+
+
+def test_rank_names_a_rows_own_rank_where_the_rows_carry_one():
+    """A `--top 1` file whose baseline ranks 3rd holds ranks 1 and 3: --rank 3 was refused ("2 rows, ranks 1-2") and
+    --rank 2 trained the rank-3 row without a word."""
+    rows = [row(1, STEP), row(3, BASE)]
+    assert arch_from_json(rows, "f", rank=3) == BASE and arch_from_json(rows, "f") == STEP
+    with pytest.raises(UsageError, match=r"--rank 2 is invalid: f holds the rows of rank 1, 3$"):
+        arch_from_json(rows, "f", rank=2)
+    assert arch_from_json([row(3, BASE), row(1, STEP)], "f") == STEP  # no --rank: the best rank the file holds
 
 
 def test_a_leaderboard_with_two_rows_of_the_asked_rank_is_refused_not_guessed():
