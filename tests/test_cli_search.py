@@ -54,6 +54,7 @@ def one_line_error(result) -> str:
     (["--pruner", "asha"], "'asha' is not one of 'auto', 'median', 'hyperband', 'none'"),
     (["--dtype", "fp8"], "'fp8' is not one of 'fp32', 'bf16'"),
     (["--trials", "many"], "Invalid value for '--trials' ('many')"),
+    (["--trials", "2", "--trials", "many"], "Invalid value for '--trials' ('many')"),  # the value refused, the last
     (["--no-such-option"], "No such option: --no-such-option"),
     (["--objectives", "loss,flops"], "--objectives 'loss,flops' is invalid"),
     (["--objectives", "params"], "--objectives 'params' is invalid"),

@@ -90,11 +90,13 @@ def _with_given_value(message: str, error: Exception, args: Sequence[str] | None
     """Name the value the user typed when the framework's message does not (``'many' is not a valid integer``)."""
     opts = getattr(getattr(error, "param", None), "opts", None) or []
     argv = list(sys.argv[1:] if args is None else args)
-    for i, arg in enumerate(argv):
-        for opt in opts:
-            value = argv[i + 1] if arg == opt and i + 1 < len(argv) else \
-                arg[len(opt) + 1:] if arg.startswith(opt + "=") else None
-            if value is not None and repr(value) not in message:
-                return message.replace(f"'{opt}'", f"'{opt}' ({value!r})", 1) if f"'{opt}'" in message \
-                    else f"{message} (got {value!r})"
-    return message
+    given = [(opt, value) for i, arg in enumerate(argv) for opt in opts
+             if (value := argv[i + 1] if arg == opt and i + 1 < len(argv) else
+                 arg[len(opt) + 1:] if arg.startswith(opt + "=") else None) is not None]
+    if not given:
+        return message
+    opt, value = given[-1]  # an option given twice: the framework read (and refused) the last
+    if repr(value) in message:
+        return message
+    return message.replace(f"'{opt}'", f"'{opt}' ({value!r})", 1) if f"'{opt}'" in message \
+        else f"{message} (got {value!r})"
