@@ -34,18 +34,26 @@ def _error(losses: tuple[float, ...]) -> float:
 
 
 def _scatter_by_k(rows: list[dict], x: str) -> list[go.Scatter]:
+    """One trace of circles per K, in its colour; the baseline a star of its K's colour, in a legend entry of its own
+    (inside its K's trace, the legend drew that K's entry as a star where the baseline came first)."""
     traces = []
-    for i, k in enumerate(sorted({r["k"] for r in rows})):
-        group = [r for r in rows if r["k"] == k]
-        traces.append(go.Scatter(
-            x=[r[x] for r in group], y=[fmean(r["losses"]) for r in group], mode="markers", name=f"K={k}",
-            error_y={"type": "data", "array": [_error(r["losses"]) for r in group], "visible": True},
-            marker={"size": [12 if r["baseline"] else 8 for r in group], "color": K_COLOURS[i % len(K_COLOURS)],
-                    "symbol": ["star" if r["baseline"] else "circle" for r in group]},
-            text=[plot_text(r["label"]) + (" (baseline)" if r["baseline"] else "") + f", {len(r['losses'])} seeds"
-                  for r in group],
-            hovertemplate="%{text}<br>%{x:.3g}: loss %{y:.4f}<extra></extra>"))
+    colours = {k: K_COLOURS[i % len(K_COLOURS)] for i, k in enumerate(sorted({r["k"] for r in rows}))}
+    for k, colour in colours.items():
+        group = [r for r in rows if r["k"] == k and not r["baseline"]]
+        if group:
+            traces.append(_markers(group, x, f"K={k}", colour, "circle", 8))
+    traces += [_markers([r], x, f"baseline (K={r['k']})", colours[r["k"]], "star", 12) for r in rows if r["baseline"]]
     return traces
+
+
+def _markers(group: list[dict], x: str, name: str, colour: str, symbol: str, size: int) -> go.Scatter:
+    return go.Scatter(
+        x=[r[x] for r in group], y=[fmean(r["losses"]) for r in group], mode="markers", name=name,
+        error_y={"type": "data", "array": [_error(r["losses"]) for r in group], "visible": True},
+        marker={"size": size, "color": colour, "symbol": symbol},
+        text=[plot_text(r["label"]) + (" (baseline)" if r["baseline"] else "") + f", {len(r['losses'])} seeds"
+              for r in group],
+        hovertemplate="%{text}<br>%{x:.3g}: loss %{y:.4f}<extra></extra>")
 
 
 def budget_text(rows: list[dict]) -> str:

@@ -456,3 +456,16 @@ def test_the_summary_says_what_its_tokens_per_s_ratio_is_and_a_slow_run_moves_it
     html, _ = page_of(study)
     assert ("tokens/s vs baseline: the median tokens/s of the shape's 3 runs over the baseline's 3, each run timed "
             "beside whatever else shared its machine then") in unescape(html)
+
+
+def test_the_baseline_has_its_own_legend_entry_and_each_k_a_circle():
+    """The baseline's star sat inside the K=1 trace, and the legend drew "K=1" as a star (the trace's first point)."""
+    from reports.curves import _scatter_by_k, _shape_rows
+
+    rows = _shape_rows(read_study(synthetic_study(SyntheticSpec(space="hourglass", trials=40))))
+    traces = _scatter_by_k(rows, "ratio")
+    ks = sorted({r["k"] for r in rows})
+    assert [t.name for t in traces] == [*(f"K={k}" for k in ks), "baseline (K=1)"]
+    assert [t.marker.symbol for t in traces] == ["circle"] * len(ks) + ["star"]
+    assert traces[-1].marker.color == traces[0].marker.color  # the baseline in its K's colour
+    assert sum(len(t.x) for t in traces) == len(rows)
