@@ -89,13 +89,14 @@ def attention_section(data: StudyData, top: int = TOP_SHAPES) -> Section:
         section.empty = "the best Prism shapes have no attention distances stored (no completed training measured them)"
         return section
     absolute.update_layout(title="D_l per layer (mean over seeds)", height=400,
-                           margin={"t": 40, "l": 60, "r": 20, "b": 50})
+                           margin={"t": 40, "l": 60, "r": 20, "b": 50}, showlegend=True)
     absolute.update_xaxes(title_text="layer", dtick=1)
     absolute.update_yaxes(title_text="mean attention distance (tokens)")
     section.figures.append(absolute)
     if delta.data:
+        # the legend names each bar's shape, also where one shape is drawn (Plotly hides a lone trace's legend)
         delta.update_layout(title="Delta D_l = D_l(shape) - D_l(baseline), on the seeds both have", height=360,
-                            barmode="group", margin={"t": 40, "l": 60, "r": 20, "b": 50})
+                            barmode="group", margin={"t": 40, "l": 60, "r": 20, "b": 50}, showlegend=True)
         delta.update_xaxes(title_text="layer", dtick=1)
         delta.update_yaxes(title_text="Delta D_l (tokens)")
         section.figures.append(delta)

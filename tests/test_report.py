@@ -360,8 +360,10 @@ def test_training_curves_and_attention_distances_are_compared_on_common_seeds():
     assert "seed 0<" in shape_row and "1.00x" in shape_row and "2.8900" in shape_row, shape_row
     names = [trace.name for trace in training_section(data).figures[0].data]
     assert "baseline (seed 0)" in names and any(n.endswith("(seed 0)") and n.startswith("h=2x2") for n in names)
-    (delta,) = attention_section(data).figures[1].data
+    figure = attention_section(data).figures[1]
+    (delta,) = figure.data
     assert list(delta.y) == [0.0, 0.0, 0.0, 0.0] and delta.name.endswith("(seed 0)")
+    assert figure.layout.showlegend  # one shape's bars: Plotly hid the legend, and with it which shape they are
 
 
 def test_rules_with_too_few_shapes_draw_no_empty_effect_figure_and_no_fitted_line(tmp_path):
