@@ -18,11 +18,10 @@ import plotly.graph_objects as go
 
 from nas.arch import ArchConfig
 from reports.frame import StudyData, common_seeds, seeds_text, trials_on
-from reports.page import Section, plot_text
+from reports.page import BASELINE_COLOUR, SHAPE_COLOURS, Section, plot_text
 from reports.summary import shape_label
 
 TOP_SHAPES = 3
-COLOURS = ("#22558c", "#1b9e77", "#7570b3", "#e7298a")
 
 
 def mean_distances(data: StudyData, key: str, seeds: tuple[int, ...] | None = None) -> list[float]:
@@ -66,14 +65,14 @@ def attention_section(data: StudyData, top: int = TOP_SHAPES) -> Section:
     if base:
         name = f"baseline ({seeds_text(common_seeds(data, data.baseline_key))})"
         absolute.add_trace(go.Scatter(x=list(range(1, len(base) + 1)), y=base, mode="lines+markers",
-                                      name=name, line={"dash": "dash", "color": "#d95f02"}))
+                                      name=name, line={"dash": "dash", "color": BASELINE_COLOUR}))
     drawn = 0
     for i, (key, arch) in enumerate(shapes):
         d = mean_distances(data, key)
         if not d:
             continue
         drawn += 1
-        colour = COLOURS[i % len(COLOURS)]
+        colour = SHAPE_COLOURS[i % len(SHAPE_COLOURS)]
         name = plot_text(shape_label(data, key))
         layers = list(range(1, len(d) + 1))
         absolute.add_trace(go.Scatter(x=layers, y=d, mode="lines+markers", name=name, line={"color": colour}))

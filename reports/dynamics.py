@@ -21,10 +21,10 @@ from nas.stats.board import lowest_ranked_loss
 from nas.stats.scores import ShapeScores
 from nas.study.records import counts, loss_of
 from reports.frame import StudyData
-from reports.page import Section, plot_text
+from reports.page import BASELINE_COLOUR, Section, plot_text
 from reports.summary import shape_label
 
-ROLE_COLOURS = {"baseline": "#d95f02", "member": "#22558c", "sampled": "#22558c", "replicate": "#1b9e77",
+ROLE_COLOURS = {"baseline": BASELINE_COLOUR, "member": "#22558c", "sampled": "#22558c", "replicate": "#1b9e77",
                 "race": "#1b9e77"}
 
 MIN_IMPORTANCE_TRIALS = 10  # completed trainings below which fANOVA's importances say nothing

@@ -23,7 +23,7 @@ import plotly.graph_objects as go
 from nas.arch import ArchConfig
 from nas.stats.answer import Answer
 from reports.frame import StudyData
-from reports.page import Section, plot_text, table
+from reports.page import BASELINE_COLOUR, Section, plot_text, table
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ def kv_cache_figure(data: StudyData, answer: Answer) -> go.Figure:
     fig = go.Figure()
     groups = (("other shapes", lambda p: not p.is_baseline and p.key not in tied_keys, "#8a9bb0", "circle", 7),
               ("tied with the best", lambda p: not p.is_baseline and p.key in tied_keys, "#22558c", "circle", 9),
-              ("baseline", lambda p: p.is_baseline, "#d95f02", "star", 15))
+              ("baseline", lambda p: p.is_baseline, BASELINE_COLOUR, "star", 15))
     for name, keep, colour, symbol, size in groups:
         chosen = [p for p in points if keep(p)]
         if not chosen:

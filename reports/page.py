@@ -19,6 +19,9 @@ import plotly.graph_objects as go
 import plotly.offline
 
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": True, "toImageButtonOptions": {"format": "png"}}
+# the baseline's colour in every figure that draws it beside shapes, and the shapes' own, none of them near it
+BASELINE_COLOUR = "#d95f02"
+SHAPE_COLOURS = ("#22558c", "#1b9e77", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d", "#666666")
 
 
 def text(value: Any) -> str:

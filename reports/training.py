@@ -18,7 +18,7 @@ from statistics import fmean
 import plotly.graph_objects as go
 
 from reports.frame import StudyData, common_seeds, seeds_text, trials_on
-from reports.page import Section, plot_text, table
+from reports.page import BASELINE_COLOUR, SHAPE_COLOURS, Section, plot_text, table
 from reports.summary import shape_label
 
 TOP_SHAPES = 5
@@ -74,14 +74,12 @@ def training_section(data: StudyData, top: int = TOP_SHAPES) -> Section:
     seed_sets = {key: (common_seeds(data, key) if has_base else ()) or tuple(sorted(set(data.scores[key].seeds)))
                  for key in keys}
     references = list(dict.fromkeys(seeds for key, seeds in seed_sets.items() if seeds)) if has_base else []
-    for key in keys:
-        if key == data.baseline_key:
-            continue
+    for i, key in enumerate(key for key in keys if key != data.baseline_key):
         name = f"{plot_text(shape_label(data, key))} ({seeds_text(seed_sets[key])})"
-        _add_curves(evals, trains, data, key, seed_sets[key], name, {})
+        _add_curves(evals, trains, data, key, seed_sets[key], name, {"color": SHAPE_COLOURS[i % len(SHAPE_COLOURS)]})
     for seeds in references:  # the baseline once per seed set a shown shape is compared on
         _add_curves(evals, trains, data, data.baseline_key, seeds, f"baseline ({seeds_text(seeds)})",
-                    {"dash": "dash", "color": "#d95f02"})
+                    {"dash": "dash", "color": BASELINE_COLOUR})
     for fig, what in ((evals, "validation loss"), (trains, "training loss (sparse points)")):
         fig.update_xaxes(title_text="training tokens")
         fig.update_yaxes(title_text=what)

@@ -360,6 +360,9 @@ def test_training_curves_and_attention_distances_are_compared_on_common_seeds():
     assert "seed 0<" in shape_row and "1.00x" in shape_row and "2.8900" in shape_row, shape_row
     names = [trace.name for trace in training_section(data).figures[0].data]
     assert "baseline (seed 0)" in names and any(n.endswith("(seed 0)") and n.startswith("h=2x2") for n in names)
+    colours = {trace.name: trace.line.color for trace in training_section(data).figures[0].data}
+    # the baseline's orange, and no shape in it (Plotly's own colours for the shapes came near it)
+    assert all((colour == "#d95f02") == name.startswith("baseline") for name, colour in colours.items()), colours
     figure = attention_section(data).figures[1]
     (delta,) = figure.data
     assert list(delta.y) == [0.0, 0.0, 0.0, 0.0] and delta.name.endswith("(seed 0)")
