@@ -5,6 +5,8 @@
 
 import unicodedata
 
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, as a shell reports a job Ctrl-C stopped
+INTERRUPTED_LINE = "interrupted: the command stopped before it finished; run the same command again"
 UNPRINTABLE = ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp")  # controls, format marks, surrogates (bad UTF-8)...
 
 

@@ -422,6 +422,32 @@ def test_nas_rules_stops_on_a_stop_that_an_import_swallowed(tmp_path, stop):
     assert not database.exists()
 
 
+STOP_WHILE_THE_APPLICATION_LOADS = """
+import importlib.abc, os, signal, sys
+
+class StopOnTyper(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "typer":  # nas.cli loads the framework: a Ctrl-C lands in the middle of the imports
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, StopOnTyper())
+sys.argv = ["nas", "studies"]
+from nas.console import main
+main()
+"""
+
+
+def test_a_ctrl_c_while_the_application_loads_is_one_line_and_exit_130():
+    """The console script imported ``nas.cli`` (typer and every command, about 0.1 s) before any code could catch a
+    stop: a Ctrl-C then printed Python's KeyboardInterrupt traceback."""
+    done = subprocess.run([sys.executable, "-c", STOP_WHILE_THE_APPLICATION_LOADS], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT)
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.splitlines() == ["interrupted: the command stopped before it finished; run the same command "
+                                        "again"], done.stderr
+
+
 def test_ctrl_c_in_a_benchmark_figure_is_one_line_and_exit_130(tmp_path):
     """`nas bench` stopped mid-figure printed a 45-line KeyboardInterrupt traceback."""
     from search_helpers import nas_env

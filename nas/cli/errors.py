@@ -16,12 +16,10 @@ import typer
 from typer.core import TyperGroup
 
 from nas.cli.streams import flush_stdout, silence_stdout
-from nas.errors import UsageError
+from nas.errors import INTERRUPTED_EXIT_CODE, INTERRUPTED_LINE, UsageError
 from nas.files import OutputClosed
 
 USAGE_EXIT_CODE = 2
-INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, as a shell reports a job Ctrl-C stopped
-INTERRUPTED_LINE = "interrupted: the command stopped before it finished; run the same command again"
 
 
 def print_error(message: str) -> None:
