@@ -21,9 +21,8 @@ from nas.units import parse_size
 def train(
     config: Annotated[str, typer.Option("--config", help="A shape: an ArchConfig JSON, or a `nas best --format "
                                          "json` / `nas export` file (its row --rank, default the best).")],
-    rank: Annotated[int | None, typer.Option("--rank", help="The row of a leaderboard file with this rank (1 = the best; "
-                                                "rows without a rank: the Nth).",
-                                                show_default=False)] = None,
+    rank: Annotated[int | None, typer.Option("--rank", help="The row of a leaderboard file with this rank (1 = the "
+                                                "best; rows without a rank: the Nth).", show_default=False)] = None,
     preset: Annotated[str, typer.Option("--preset", help="Training setup: see `nas presets`.")] = "cpu",
     data: Annotated[str, typer.Option("--data", help="As for nas search (FineWeb .bin shards for the GPU "
                                       "presets).")] = "builtin",
