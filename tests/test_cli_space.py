@@ -63,6 +63,17 @@ def test_list_hourglass_json_fields_and_unmatched_on_stderr():
     assert "unmatched K=" in result.stderr
 
 
+def test_a_baseline_whose_width_the_budget_changed_is_said():
+    """At vocabulary 50304 the d768 K=1 shape holds 123.6M parameters: the 113M baseline is d704, which the listing
+    showed without a word (the README's example gave --d-model 768)."""
+    wider = run("count", "--space", "hourglass", "--budget", "113M", "--vocab", "50304", *GPT2)
+    assert wider.exit_code == 0 and wider.stdout == "184\n"
+    assert ("note: the baseline is d_model 704, the conventional K=1 shape of 12 layers at the budget 113,000,000; at "
+            "--d-model 768 it has 123,587,328 parameters") in wider.stderr
+    paper = run("count", "--space", "hourglass", "--budget", "113M", "--vocab", "32000", *GPT2)
+    assert paper.stdout == "223\n" and "note:" not in paper.stderr  # the paper's base: d768 is the baseline
+
+
 def test_list_hourglass_fixed_attention():
     result = run("list", "--space", "hourglass", "--fix", "attention", "--tolerance", "1%", "--format", "json")
     members = json.loads(result.stdout)
