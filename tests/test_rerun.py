@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -66,6 +67,7 @@ def test_rerun_trains_the_best_shapes_and_the_baseline_resumes_after_a_kill_and_
     again = run_nas(*RERUN, "--storage", proxy_study, "--runs", str(runs), cwd=tmp_path, timeout=600, cores=None)
     assert again.returncode == 0, again.stderr
     assert "recorded already" in again.stderr and "Kendall tau" in again.stderr
+    assert re.search(r": val loss \d+\.\d{4}, [\d,]+ tok/s", again.stderr), again.stderr  # 4 decimals, not a raw float
     resumed = [json.loads((f / "result.json").read_text()) for f in unfinished]
     assert any(r["resumed_from_step"] > 0 for r in resumed)  # the killed run went on from its checkpoint
 

@@ -173,7 +173,9 @@ def train_runs(batch: RerunBatch) -> None:
             record(batch.results, run, result, list(batch.proxy.scores[run.shape.proxy_key].trials), batch.settings)
             trained += 1
             eta = (time.perf_counter() - started) / trained * (left - trained)
-            typer.echo(f"{what}: val loss {result.get('val_loss')}, {result.get('tokens_per_s', 0):,.0f} tok/s"
+            loss = result.get("val_loss")
+            said = f"val loss {loss:.4f}" if isinstance(loss, (int, float)) else f"no val loss ({result.get('status')})"
+            typer.echo(f"{what}: {said}, {result.get('tokens_per_s') or 0:,.0f} tok/s"
                        + (f" | ETA {format_duration(eta)}" if left > trained else ""), err=True)
     except KeyboardInterrupt:
         typer.echo("interrupted: finished runs are recorded; re-run the same command to resume", err=True)

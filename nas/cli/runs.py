@@ -69,7 +69,9 @@ def train(
 
         compile = compiles_by_default(resolve_device(cfg.device))
     cfg = cfg.with_(compile=compile)
-    if (rounded := cfg.whole_steps_note()) and int(os.environ.get("RANK", "0")) == 0:
+    # one note a run: under torchrun rank 0's, and none in a `nas rerun` child (its launcher said it once)
+    if (rounded := cfg.whole_steps_note()) and int(os.environ.get("RANK", "0")) == 0 \
+            and not os.environ.get("NAS_STEPS_NOTE_SHOWN"):
         typer.echo(f"note: {rounded}", err=True)
 
     from nas.data import load_data

@@ -37,6 +37,9 @@ class LaunchOptions:
     threads: int = 0
 
 
+STEPS_NOTE_SHOWN = "NAS_STEPS_NOTE_SHOWN"  # set for a child `nas train`: its launcher printed the note already
+
+
 def train_command(run: PlannedRun, options: LaunchOptions) -> list[str]:
     """The command line that trains ``run`` (torchrun when ``nproc`` > 1)."""
     args = ["train", "--config", str(run.folder / "arch.json"), "--preset", options.preset, "--seed", str(run.seed),
@@ -108,8 +111,9 @@ def launch(run: PlannedRun, options: LaunchOptions) -> tuple[int, dict[str, Any]
     else:
         config.write_text(run.target.to_json())
     with open(run.folder / "stdout.json", "w") as stdout:
+        # the re-run printed the preset's whole-steps note once for all its runs: each child keeps it to itself
         child = subprocess.Popen(train_command(run, options), stdout=stdout, preexec_fn=die_with_parent,
-                                 start_new_session=True)
+                                 start_new_session=True, env={**os.environ, STEPS_NOTE_SHOWN: "1"})
         try:
             code = child.wait()
         except BaseException:  # Ctrl-C, SIGTERM turned into an exception, anything: the run must not go on alone
