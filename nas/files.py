@@ -180,6 +180,9 @@ class OutputFile:
             if not stdout_ok:
                 raise UsageError(f"{what} '-' (standard output) is not possible here: give a file name")
             return cls(None, what, force)
+        if os.fspath(text).endswith(os.sep) and os.fspath(text).strip(os.sep):  # Path() drops the slash: a file
+            raise UsageError(f"{what} {show(os.fspath(text))} names a folder (it ends in {os.sep}): give the name of "
+                             "a file to write")
         return cls(user_path(text, what), what, force).check()
 
     @property
@@ -210,6 +213,23 @@ class OutputFile:
         target = self.target
         refuse_sqlite_file(target, f"{self.what} {show(path)}")
         writable_folder(target.parent, f"{self.what} {show(path)}: its folder")
+        return self
+
+    def check_apart(self, inputs: list[tuple[str, Path]]) -> OutputFile:
+        """Refuse an output that is one of the command's inputs (``(flag, path)``: a file, or a folder it reads every
+        file of) or lies inside such a folder: ``nas train --data corpus.txt -o corpus.txt`` replaced the training
+        data by the result, and a result written into a folder of shards or texts is read with them next time."""
+        if self.path is None:
+            return self
+        target = Path(os.path.realpath(self.target))
+        for flag, source in inputs:
+            real = Path(os.path.realpath(source))
+            if target == real or (target.exists() and real.exists() and os.path.samefile(target, real)):
+                raise UsageError(f"{self.what} {show(self.path)} is the {flag} this command reads: writing over it "
+                                 "would lose it; choose another name")
+            if real.is_dir() and real in target.parents:
+                raise UsageError(f"{self.what} {show(self.path)} lies in the {flag} folder {show(source)}: what this "
+                                 "command reads would change; choose a name outside it")
         return self
 
     @property

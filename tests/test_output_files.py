@@ -69,3 +69,36 @@ def test_the_write_probe_takes_nothing_from_a_folder_holding_the_users_files_and
     OutputFile.of(tmp_path / "report.html", "-o")
     output_folder(tmp_path / "runs", "--out")
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_a_name_ending_in_a_slash_names_a_folder_not_a_file(tmp_path, monkeypatch):
+    """`-o newdir/` (no such folder) wrote a plain file named newdir: the trailing slash was dropped unread."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UsageError, match=r"-o 'newdir/' names a folder \(it ends in /\): give the name of a file"):
+        OutputFile.of("newdir/", "-o")
+    assert not (tmp_path / "newdir").exists()
+
+
+def test_nas_train_refuses_an_output_that_is_one_of_its_inputs(tmp_path, monkeypatch):
+    """`nas train --data corpus.txt -o corpus.txt` replaced the training data by the result JSON; the same for its
+    --config, a shard in its --data folder, and a file a --data glob reads. Refused before the training."""
+    from typer.testing import CliRunner
+
+    from nas.arch import uniform
+    from nas.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "arch.json").write_text(uniform(4, 32, 4, 256).to_json())
+    corpus = "hello world. " * 5000
+    (tmp_path / "corpus.txt").write_text(corpus)
+    (tmp_path / "texts").mkdir()
+    (tmp_path / "texts" / "a.txt").write_text(corpus)
+    cases = [(["--data", "corpus.txt", "-o", "corpus.txt"], "-o 'corpus.txt' is the --data this command reads"),
+             (["-o", "arch.json"], "-o 'arch.json' is the --config this command reads"),
+             (["--data", "texts", "-o", "texts/result.json"], "-o 'texts/result.json' lies in the --data folder"),
+             (["--data", "texts/*.txt", "-o", "texts/a.txt"], "-o 'texts/a.txt' is the --data this command reads")]
+    for args, says in cases:
+        result = CliRunner().invoke(app, ["train", "--config", "arch.json", "--preset", "tiny", *args])
+        assert result.exit_code == 2 and result.stderr.startswith(f"error: {says}"), (args, result.stderr)
+    assert (tmp_path / "corpus.txt").read_text() == corpus and (tmp_path / "texts" / "a.txt").read_text() == corpus
+    assert not (tmp_path / "texts" / "result.json").exists()

@@ -53,8 +53,9 @@ def train(
     from runners.presets import get_preset
 
     arch = read_arch_config(config, rank)
-    target = OutputFile.of(output, "-o") if output is not None else None  # refused now, not after the training
     out = output_folder(out_text, "--out") if out_text is not None else None
+    target = OutputFile.of(output, "-o").check_apart(read_inputs(config, data, out)) if output is not None \
+        else None  # refused now, not after the training
     if checkpoint_every < 0 or micro_batch < 0 or threads < 0:
         bad = next(f"{flag} {value}" for flag, value in (("--checkpoint-every", checkpoint_every),
                                                           ("--micro-batch", micro_batch), ("--threads", threads))
@@ -113,6 +114,23 @@ def train(
     if result["status"] != "ok":
         typer.echo(f"run ended {result['status']}: {result['reason']}", err=True)
         raise typer.Exit(1)
+
+
+def read_inputs(config: str, data: str, out: Path | None) -> list[tuple[str, Path]]:
+    """What ``nas train`` reads, and its run's own files, as ``OutputFile.check_apart`` takes them: the shape file, the
+    data (a file, a folder, or each file a glob matches) and the run folder's checkpoint and log."""
+    from nas.data.discovery import expand_glob
+    from nas.files import user_path
+    from runners.checkpoint import CHECKPOINT_NAME
+
+    inputs = [("--config", user_path(config, "--config"))]
+    if data != "builtin" and data.strip():
+        path = user_path(data, "--data")
+        matches = [path] if path.exists() or not any(c in data for c in "*?[") else expand_glob(str(path))
+        inputs += [("--data", match) for match in matches]
+    if out is not None:
+        inputs += [(f"--out run's {name}", out / name) for name in (CHECKPOINT_NAME, "log.jsonl")]
+    return inputs
 
 
 def interrupted(out: Path | None) -> str:
