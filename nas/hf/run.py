@@ -19,6 +19,7 @@ import torch
 
 from nas.arch import ArchConfig
 from nas.errors import UsageError
+from nas.files import kind_of, show, stat_path
 from runners.checkpoint import CHECKPOINT_NAME, FORMAT, load_weights_only
 from runners.config import TrainConfig
 
@@ -77,8 +78,11 @@ def read_run(path: Path) -> TrainedRun:
                              "`nas train --out` or `nas rerun` run, or its checkpoint file")
     elif path.is_file():
         checkpoint = path
+    elif (info := stat_path(path, "--checkpoint")) is not None:  # a FIFO, a device: not "does not exist"
+        raise UsageError(f"--checkpoint {show(path)} is {kind_of(info.st_mode)}: give the folder of a `nas train "
+                         "--out` or `nas rerun` run, or its checkpoint file")
     else:
-        raise UsageError(f"--checkpoint {str(path)!r} does not exist")
+        raise UsageError(f"--checkpoint {show(path)} does not exist")
     data = _load(checkpoint)
     key = data["run"]["arch"]
     arch, source = _shape_beside(checkpoint.parent)
