@@ -62,7 +62,7 @@ from runners.memory import check_fits
 from runners.peak import measure_matmul_peak
 from runners.proxy import build_optimizer, compile_model, lr_multiplier, update_average
 from runners.stream import ORDER as STREAM_ORDER
-from runners.stream import TokenStream
+from runners.stream import TokenStream, check_batch_split
 from runners.throughput import TrainClock
 
 MAX_CURVE_POINTS = 256
@@ -210,7 +210,9 @@ def _run(arch: ArchConfig, cfg: TrainConfig, data: TokenData, options: RunOption
     device = processes.device
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # torchrun's processes share the cores: a share each
     # before anything is built or made: a shape this machine cannot hold is one line, not the allocator's traceback
-    check_fits(arch, cfg, device, options.micro_batch or cfg.batch_size // processes.world, local)
+    # the split first: a micro-batch that cannot divide the batch was blamed on memory (33 TB for 99,999,999 rows)
+    micro = check_batch_split(cfg.batch_size, processes.world, options.micro_batch or None)
+    check_fits(arch, cfg, device, micro, local)
     configure_threads(cfg.threads or max(1, available_cores() // local), compiling=cfg.compile)
     started = time.perf_counter()
     torch.manual_seed(cfg.seed)

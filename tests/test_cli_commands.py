@@ -77,6 +77,9 @@ def test_train_runs_one_shape_and_writes_its_result(tmp_path):
     (["--config", "arch.json", "--tokens", "0.5"], "--tokens '0.5' must be at least 1 (it rounds to 0)"),
     (["--config", "arch.json", "--rank", "2"], "--rank 2 needs a list of rows"),
     (["--config", "arch.json", "--data", "/no/such/data"], "not found"),
+    # a micro-batch that cannot split the batch is said as such, not as 33 TB of activations
+    (["--config", "arch.json", "--preset", "tiny", "--micro-batch", "99999999"],
+     "--micro-batch 99999999 is invalid: it must divide the 4 sequences the one process takes per step"),
 ])
 def test_train_with_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, args, says):
     monkeypatch.chdir(tmp_path)
