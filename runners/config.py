@@ -67,7 +67,8 @@ class TrainConfig:
                              f"{self.tokens_per_step:,} tokens")
         if not 0 <= self.warmup_frac < 1:
             raise UsageError(f"warmup_frac={self.warmup_frac} is invalid: use a value in [0, 1)")
-        if self.device not in ("auto", "cpu", "cuda", "mps") and not self.device.startswith("cuda:"):
+        if self.device not in ("auto", "cpu", "cuda", "mps") and not (
+                self.device.startswith("cuda:") and self.device[5:].isascii() and self.device[5:].isdigit()):
             raise UsageError(f"device={self.device!r} is invalid: choose auto, cpu, cuda, cuda:N or mps")
         if not 0 <= self.ema_decay < 1:
             raise UsageError(f"ema_decay={self.ema_decay} is invalid: use a value in [0, 1) (0: no averaging)")

@@ -220,6 +220,10 @@ def test_train_config_rejects_bad_values() -> None:
 
     with pytest.raises(UsageError, match="device='tpu' is invalid"):
         TrainConfig(device="tpu")
+    for malformed in ("cuda:x", "cuda:", "cuda:-1"):  # malformed, not "not available on this machine"
+        with pytest.raises(UsageError, match=f"device='{malformed}' is invalid: choose auto, cpu, cuda, cuda:N or mps"):
+            TrainConfig(device=malformed)
+    assert TrainConfig(device="cuda:1").device == "cuda:1"
     with pytest.raises(UsageError, match="tokens=0 is invalid"):
         TrainConfig(tokens=0)
 
