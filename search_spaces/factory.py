@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 
 from nas.arch import ArchConfig, FFNShape, llama_ffn_hidden, uniform
 from nas.errors import UsageError
-from search_spaces.base import SearchSpace, check_heads
+from search_spaces.base import SearchSpace, check_heads, heads_error
 from search_spaces.grouped import KVScheduleSpace, UniformGroupPrismSpace
 from search_spaces.hourglass import HourglassSpace
 from search_spaces.joint import JointSpace
@@ -93,6 +93,8 @@ def build_space(opts: SpaceOptions, defaults: ArchConfig | None = None) -> Searc
     tie = base.tie_embeddings if opts.tie_embeddings is None else opts.tie_embeddings
     if not isinstance(d_model, int) or d_model < 1:
         raise UsageError(f"d_model={d_model!r} is invalid: it must be a positive integer")
+    if opts.heads is None and (reason := heads_error(heads, d_model)) is not None:  # say where the count came from
+        raise UsageError(f"{reason} (--heads not given: {heads} is the baseline's head count; give --heads)")
     check_heads(heads, d_model)
     # the defaults' FFN only fits their own width
     ffn = base.ffn if d_model == base.d_model else FFNShape(1, llama_ffn_hidden(d_model))
