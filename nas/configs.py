@@ -19,6 +19,14 @@ from nas.files import check_input, read_bytes, show
 MAX_JSON_BYTES = 64 * 2**20  # a leaderboard of thousands of rows is a few MB; more is no shape file
 
 
+def _bounded_int(text: str) -> int:
+    """A JSON integer of at most 30 digits (a shape's largest count has a dozen): a 5,000-digit one was refused by
+    Python's own limit, whose message advised ``sys.set_int_max_str_digits``."""
+    if len(text.lstrip("-")) > 30:
+        raise ValueError(f"it holds an integer of {len(text.lstrip('-')):,} digits, larger than any size a shape has")
+    return int(text)
+
+
 def read_json_file(path: str | Path, what: str = "--config") -> Any:
     """The parsed JSON of ``path``; one-line ``UsageError`` naming the file when it is missing or not JSON."""
     path = check_input(path, what)
@@ -30,7 +38,7 @@ def read_json_file(path: str | Path, what: str = "--config") -> Any:
     except UnicodeDecodeError as error:
         raise UsageError(f"{what} {show(path)} is not UTF-8 text: {error.reason} at byte {error.start}") from None
     try:
-        return json.loads(text, parse_constant=_refuse_constant)
+        return json.loads(text, parse_constant=_refuse_constant, parse_int=_bounded_int)
     except json.JSONDecodeError as error:
         raise UsageError(f"{what} {show(path)} is not JSON: {error.msg} at line {error.lineno} "
                          f"column {error.colno}") from None

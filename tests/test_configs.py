@@ -78,7 +78,9 @@ def test_a_leaderboard_with_two_rows_of_the_asked_rank_is_refused_not_guessed():
     assert arch_from_json(rows, "f", rank=2) == BASE  # a rank held once is still read
 
 
-@pytest.mark.parametrize("text, says", [("", "is not JSON"), ("{", "is not JSON"), ("[NaN]", "NaN is not a valid")])
+@pytest.mark.parametrize("text, says", [("", "is not JSON"), ("{", "is not JSON"), ("[NaN]", "NaN is not a valid"),
+                                        # Python's own refusal advised sys.set_int_max_str_digits()
+                                        ('{"n_layers": ' + "9" * 5000 + "}", "an integer of 5,000 digits")])
 def test_unreadable_files_name_the_file(tmp_path, text, says):
     path = tmp_path / "bad.json"
     path.write_text(text)
