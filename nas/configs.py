@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from nas.arch import ArchConfig, json_kind
+from nas.arch import ArchConfig, format_plateaus, json_kind
 from nas.errors import UsageError
 from nas.files import check_input, read_bytes, show
 
@@ -77,17 +77,33 @@ def arch_from_json(data: Any, source: str, rank: int | None = None) -> ArchConfi
     if not isinstance(data, dict):
         raise UsageError(f"{source} holds {json_kind(data)} (JSON), not an ArchConfig object or a "
                          "`nas best --format json` row")
+    row = None
     if "arch" in data:  # a leaderboard or export row: the shape, plus the proxy's scores
-        data = data["arch"]
+        row, data = data, data["arch"]
         if not isinstance(data, dict):
             raise UsageError(f"{source}: its \"arch\" is {json_kind(data)} (JSON), not an ArchConfig object")
     _check_numbers(data, source)
     try:
-        return ArchConfig.from_dict(data)
+        arch = ArchConfig.from_dict(data)
     except TypeError as error:  # a value of the wrong type deep inside
         raise UsageError(f"{source} is not an ArchConfig: {error}") from None
     except UsageError as error:  # a missing or unknown field, a head count that does not divide...
         raise UsageError(f"{source} is not an ArchConfig: {error}") from None
+    if row is not None:
+        _check_row_matches(row, arch, source)
+    return arch
+
+
+def _check_row_matches(row: dict[str, Any], arch: ArchConfig, source: str) -> None:
+    """A row's own columns (heads, k, d_h, ...) against its ``arch``, which is what trains: a row whose ``heads`` was
+    edited and ``arch`` not trained the old shape without a word."""
+    shape = {"heads": format_plateaus(arch.heads), "kv_heads": format_plateaus(arch.kv_per_layer()),
+             "layers": arch.n_layers, "d_model": arch.d_model, "k": arch.ffn.k, "d_h": arch.ffn.hidden}
+    for column, value in shape.items():
+        said = row.get(column)
+        if said is not None and said != value:
+            raise UsageError(f"{source}: the row says {column} {said!r} but its \"arch\" (what trains) has "
+                             f"{value!r}: edit the arch to match, or give the arch alone as the --config")
 
 
 def _check_numbers(data: dict[str, Any], source: str) -> None:

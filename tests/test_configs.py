@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from nas.arch import ArchConfig, FFNShape, uniform
+from nas.arch import ArchConfig, FFNShape, format_plateaus, uniform
 from nas.configs import arch_from_json, read_arch_config
 from nas.errors import UsageError
 
@@ -16,8 +16,8 @@ STEP = ArchConfig(n_layers=4, d_model=32, heads=(2, 2, 4, 4), ffn=BASE.ffn, voca
 
 def row(rank: int, arch: ArchConfig, **scores) -> dict:
     """A row as `nas best --format json` writes it: the proxy's scores beside the shape."""
-    return {"rank": rank, "heads": "2x2,4x2", "mean_loss": 3.1, "ci95": 0.05, "gain_pct": 1.2, "seeds": 3,
-            "arch": arch.to_dict(), **scores}
+    return {"rank": rank, "heads": format_plateaus(arch.heads), "mean_loss": 3.1, "ci95": 0.05, "gain_pct": 1.2,
+            "seeds": 3, "arch": arch.to_dict(), **scores}
 
 
 def test_a_plain_config_a_row_and_a_leaderboard_all_give_the_shape(tmp_path):
@@ -97,3 +97,14 @@ def test_hourglass_shapes_round_trip():
     hourglass = ArchConfig(n_layers=2, d_model=64, heads=(4, 4), ffn=FFNShape(4, 24), vocab_size=256,
                            tie_embeddings=False)
     assert arch_from_json(json.loads(hourglass.to_json()), "f") == hourglass
+
+
+def test_a_row_whose_columns_were_edited_but_not_its_arch_is_refused_not_trained_as_it_was():
+    """An exported row edited in its visible `heads` (or k, d_h...) trained the unchanged `arch` without a word."""
+    edited = {**row(1, STEP), "heads": "4x4"}
+    with pytest.raises(UsageError, match=r"f: the row says heads '4x4' but its \"arch\" \(what trains\) has "
+                                         r"'2x2,4x2': edit the arch to match"):
+        arch_from_json([edited], "f")
+    with pytest.raises(UsageError, match="the row says d_h 99 but"):
+        arch_from_json([{**row(1, STEP), "d_h": 99}], "f")
+    assert arch_from_json([{**row(1, STEP), "d_h": None, "k": STEP.ffn.k}], "f") == STEP  # absent or equal: fine
