@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from nas.arch import ArchConfig, FFNShape, llama_ffn_hidden, uniform
+from nas.arch import MAX_WIDTH, ArchConfig, FFNShape, llama_ffn_hidden, uniform
 from nas.errors import UsageError
 from search_spaces.base import SearchSpace, check_heads, heads_error
 from search_spaces.grouped import KVScheduleSpace, UniformGroupPrismSpace
@@ -93,6 +93,8 @@ def build_space(opts: SpaceOptions, defaults: ArchConfig | None = None) -> Searc
     tie = base.tie_embeddings if opts.tie_embeddings is None else opts.tie_embeddings
     if not isinstance(d_model, int) or d_model < 1:
         raise UsageError(f"d_model={d_model!r} is invalid: it must be a positive integer")
+    if d_model > MAX_WIDTH:  # before the FFN derived from it is refused under its own name
+        raise UsageError(f"d_model={d_model:,} is too large: at most {MAX_WIDTH:,}")
     if opts.heads is None and (reason := heads_error(heads, d_model)) is not None:  # say where the count came from
         raise UsageError(f"{reason} (--heads not given: {heads} is the baseline's head count; give --heads)")
     check_heads(heads, d_model)

@@ -99,6 +99,7 @@ def test_heads_not_dividing_d_model_is_one_line_and_exit_2():
         (["--space", "hourglass", "--budget", "lots"], "--budget 'lots' is not a size"),
         (["--space", "hourglass", "--tolerance", "abc"], "--tolerance 'abc' is not a fraction"),
         # it blamed "group size 1", which the user never gave
+        (["--d-model", "100000000"], "d_model=100,000,000 is too large: at most 131,072"),  # it named ffn.hidden
         (["--d-model", "97"], "12 does not divide d_model=97; its only divisor up to 24 is 1 (--heads not given: 12 "
                               "is the baseline's head count; give --heads)"),  # "divisors ≤ 1 are 1"; whose 12
         (["--kv-schedule", "--min-kv-heads", "12"], "--min-kv-heads 12 leaves no group size above 1: sharing among 2 "
