@@ -29,7 +29,7 @@ def rule_catalog(space: str, grouped: bool = False) -> tuple[Rule, ...]:
 def choose_rules(catalog: tuple[Rule, ...], names: str | None) -> tuple[Rule, ...]:
     """The catalog's default rules, or the ones ``names`` lists (``"a,b"``, in that order); ``UsageError`` naming an
     unknown rule and every valid one."""
-    if names is None or not names.strip():
+    if names is None:
         return tuple(rule for rule in catalog if rule.default)
     by_name = {rule.name: rule for rule in catalog}
     chosen: list[Rule] = []

@@ -95,6 +95,7 @@ def k1_hourglass_db(path: Path) -> str:
     (("--confirm", "cpu-long", "--shapes", "5"), "--shapes 5 is too few to check 2 rule(s)"),
     (("--confirm", "cpu-long", "--rules", "reduced_layers"), "no rule of reduced_layers is resolved at the proxy"),
     (("--rules", "log2_first_heads,no"), "unknown rule 'no'"),
+    (("--rules", ""), "--rules '' names no rule; this study's rules are reduced_layers, "),  # it read the defaults
 ])
 def test_bad_input_is_one_line_with_exit_2_and_writes_nothing(prism_db, tmp_path, args, says):
     before = snapshot(prism_db)
