@@ -47,6 +47,7 @@ def _scatter_by_k(rows: list[dict], x: str) -> list[go.Scatter]:
 
 
 def _markers(group: list[dict], x: str, name: str, colour: str, symbol: str, size: int) -> go.Scatter:
+    """The shapes of ``group`` at their ``x`` and mean loss, with their 95 % intervals, as one legend entry."""
     return go.Scatter(
         x=[r[x] for r in group], y=[fmean(r["losses"]) for r in group], mode="markers", name=name,
         error_y={"type": "data", "array": [_error(r["losses"]) for r in group], "visible": True},

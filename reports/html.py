@@ -49,7 +49,7 @@ def summary_section(data: StudyData, summary: Summary) -> Section:
                  + "".join(f"<li>{text(s[0].upper() + s[1:])}.</li>" for s in summary.rule_sentences) + "</ul>")
     html += table(facts) + table(summary.rows, css="board", formats=SHAPE_FORMATS)
     timed = [row for row in summary.rows if row.get("tokens/s vs baseline") is not None]
-    if timed:
+    if any(row[""] != "baseline" for row in timed):  # the baseline alone (it is the answer): 1x says nothing
         html += f'<p class="note">{text(speed_note(timed))}</p>'
     if data.skipped:
         html += ('<p class="note">Left out of every figure and number, their stored attributes being unreadable: '

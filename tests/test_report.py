@@ -461,6 +461,11 @@ def test_the_summary_says_what_its_tokens_per_s_ratio_is_and_a_slow_run_moves_it
     html, _ = page_of(study)
     assert ("tokens/s vs baseline: the median tokens/s of the shape's 3 runs over the baseline's 3, each run timed "
             "beside whatever else shared its machine then") in unescape(html)
+    alone = optuna.create_study(study_name="baseline-alone")  # the baseline is the answer: its row alone, no note
+    alone.set_user_attr("nas:baseline_key", base.key())
+    alone.add_trial(optuna.trial.create_trial(value=3.0, user_attrs={**shape_attrs(base, 0, "baseline"),
+                                                                     "val_loss": 3.0, "tokens_per_s": 1000.0}))
+    assert "tokens/s vs baseline: the median" not in unescape(page_of(alone)[0])
 
 
 def test_the_baseline_has_its_own_legend_entry_and_each_k_a_circle():
