@@ -72,6 +72,8 @@ def test_a_baseline_whose_width_the_budget_changed_is_said():
             "--d-model 768 it has 123,587,328 parameters") in wider.stderr
     paper = run("count", "--space", "hourglass", "--budget", "113M", "--vocab", "32000", *GPT2)
     assert paper.stdout == "223\n" and "note:" not in paper.stderr  # the paper's base: d768 is the baseline
+    preset = run("count", "--space", "hourglass", "--budget", "50M")  # no --d-model: no width of the user's to name
+    assert preset.exit_code == 0 and "note:" not in preset.stderr
 
 
 def test_list_hourglass_fixed_attention():

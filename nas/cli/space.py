@@ -178,14 +178,14 @@ def with_space_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def _report_grid(space: SearchSpace, each: bool = True) -> None:
-    """On stderr: a baseline whose width the budget changed from the given --d-model, and every hourglass grid point
+def _report_grid(space: SearchSpace, opts: SpaceOptions, each: bool = True) -> None:
+    """On stderr: a baseline whose width the budget changed from the --d-model given, and every hourglass grid point
     left out and why (or, ``each=False``, how many)."""
     hourglass = space.hourglass if isinstance(space, (JointSpace, KVScheduleSpace)) else space
     if not isinstance(hourglass, HourglassSpace):
         return
     base, given = hourglass.baseline(), hourglass.reference
-    if base.d_model != given.d_model:  # the budget's conventional shape: the given width has another size
+    if opts.d_model is not None and base.d_model != given.d_model:  # the budget's conventional shape is another
         typer.echo(f"note: the baseline is d_model {base.d_model}, the conventional K=1 shape of {base.n_layers} "
                    f"layers at the budget {hourglass.budget:,}; at --d-model {given.d_model} it has "
                    f"{given.n_params()['total']:,} parameters", err=True)
@@ -260,7 +260,7 @@ def count_command(opts: SpaceOptions) -> None:
     """Print the exact number of members (a bare integer)."""
     space = build_space(opts)
     typer.echo(space.count())
-    _report_grid(space, each=False)
+    _report_grid(space, opts, each=False)
 
 
 @space_app.command("list")
@@ -277,7 +277,7 @@ def list_command(opts: SpaceOptions, format: FormatOpt = ListFormat.table, limit
         _print_csv(rows)
     else:
         _print_table(space.table_columns, rows)
-    _report_grid(space)
+    _report_grid(space, opts)
 
 
 @space_app.command("show")
