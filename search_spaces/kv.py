@@ -305,11 +305,16 @@ def count_over_prism(rule: KVRule, prism: PrismSpace) -> int:
                    if rule.allows(prism.h_base, g))
     base, counts = prism.h_base, (*prism.candidates, prism.h_base)
     cap = prism.min_baseline
-    # a plateau that can never reach its longest allowed length (it is at least the depth) only needs counting up to
-    # its shortest: every longer run then allows the same moves. Without this, plateaus up to 4,096 layers made
-    # the states grow with depth and the count cubic in it (61 s at 128 layers)
-    head_cap = prism.min_plateau if prism.max_plateau >= prism.layers else prism.max_plateau
-    kv_cap = rule.min_plateau if rule.max_plateau >= prism.layers else rule.max_plateau + 1
+    # a plateau whose longest allowed length no schedule that ends valid can pass only needs counting up to its
+    # shortest: every longer run allows the same moves, and one past the limit leads nowhere that ends valid
+    # anyway. A plateau below h_base ends at least min_baseline layers before the depth (the h_base plateau
+    # follows); a key/value plateau that is not the last, at least the key/value min_plateau before it. Without
+    # this, plateaus up to 4,096 layers made the states grow with depth and the count cubic in it (59 s at 128
+    # layers); limits well below the depth (100 of 128 layers) still count every run length
+    head_free = prism.max_plateau >= prism.layers - prism.min_baseline
+    kv_free = rule.max_plateau >= prism.layers - rule.min_plateau
+    head_cap = prism.min_plateau if head_free else prism.max_plateau
+    kv_cap = rule.min_plateau if kv_free else rule.max_plateau + 1
 
     def head_moves(state: tuple[int, int] | None) -> Iterator[tuple[int, int]]:
         if state is None:

@@ -117,6 +117,9 @@ def test_counting_over_prism_schedules_equals_the_sum_over_each_schedule():
         (8, 12, {"max_plateau": 4096, "min_baseline": 1}, {"max_plateau": 4096}),
         (6, 12, {"max_plateau": 6, "min_baseline": 1}, {"min_plateau": 1, "max_plateau": 5}),
         (6, 12, {"max_plateau": 5, "min_baseline": 1}, {"min_plateau": 3, "max_plateau": 6}),
+        # limits that no valid schedule can pass: depth - min_baseline, depth - the key/value min_plateau
+        (7, 12, {"max_plateau": 4, "min_baseline": 3}, {"min_plateau": 2, "max_plateau": 5}),
+        (7, 12, {"max_plateau": 3, "min_baseline": 3}, {"min_plateau": 2, "max_plateau": 4}),
     ]:
         prism = PrismSpace(layers, 48 if heads == 12 else 64, heads, **options)
         rule = KVRule.build(heads, None, schedule=True, **{("min_kv_heads" if k == "min_kv_heads" else k): v
