@@ -180,9 +180,10 @@ class OutputFile:
             if not stdout_ok:
                 raise UsageError(f"{what} '-' (standard output) is not possible here: give a file name")
             return cls(None, what, force)
-        if os.fspath(text).endswith(os.sep) and os.fspath(text).strip(os.sep):  # Path() drops the slash: a file
-            raise UsageError(f"{what} {show(os.fspath(text))} names a folder (it ends in {os.sep}): give the name of "
-                             "a file to write")
+        raw = os.fspath(text)
+        last = raw.rsplit(os.sep, 1)[-1] if os.sep in raw else None
+        if last in ("", ".", "..") and raw.strip(os.sep + "."):  # Path() drops a trailing / or /.: `-o dir/`
+            raise UsageError(f"{what} {show(raw)} names a folder: give the name of a file to write")  # wrote "dir"
         return cls(user_path(text, what), what, force).check()
 
     @property
@@ -219,17 +220,8 @@ class OutputFile:
         """Refuse an output that is one of the command's inputs (``(flag, path)``: a file, or a folder it reads every
         file of) or lies inside such a folder: ``nas train --data corpus.txt -o corpus.txt`` replaced the training
         data by the result, and a result written into a folder of shards or texts is read with them next time."""
-        if self.path is None:
-            return self
-        target = Path(os.path.realpath(self.target))
-        for flag, source in inputs:
-            real = Path(os.path.realpath(source))
-            if target == real or (target.exists() and real.exists() and os.path.samefile(target, real)):
-                raise UsageError(f"{self.what} {show(self.path)} is the {flag} this command reads: writing over it "
-                                 "would lose it; choose another name")
-            if real.is_dir() and real in target.parents:
-                raise UsageError(f"{self.what} {show(self.path)} lies in the {flag} folder {show(source)}: what this "
-                                 "command reads would change; choose a name outside it")
+        if self.path is not None:
+            refuse_inside(self.target, f"{self.what} {show(self.path)}", inputs)
         return self
 
     @property
@@ -269,6 +261,20 @@ class OutputFile:
 
 SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database (sqlite.org/fileformat.html)
 SQLITE_COMPANIONS = ("-wal", "-shm", "-journal", "-searches")  # SQLite's log, index and journal; the search lock
+
+
+def refuse_inside(path: Path, what: str, inputs: list[tuple[str, Path]]) -> None:
+    """``UsageError`` when writing ``path`` (a file or a folder) would replace one of ``inputs`` (``(flag, path)``:
+    a file, or a folder whose files are read) or add to what such a folder holds."""
+    target = Path(os.path.realpath(path))
+    for flag, source in inputs:
+        real = Path(os.path.realpath(source))
+        if target == real or (target.exists() and real.exists() and os.path.samefile(target, real)):
+            raise UsageError(f"{what} is the {flag} this command reads: writing over it would lose it; choose "
+                             "another name")
+        if real.is_dir() and real in target.parents:
+            raise UsageError(f"{what} lies in the {flag} folder {show(source)}, whose files are the data: the next "
+                             "run would read it too; choose a place outside it")
 
 
 def open_regular(path: Path) -> int | None:

@@ -74,9 +74,12 @@ def test_the_write_probe_takes_nothing_from_a_folder_holding_the_users_files_and
 def test_a_name_ending_in_a_slash_names_a_folder_not_a_file(tmp_path, monkeypatch):
     """`-o newdir/` (no such folder) wrote a plain file named newdir: the trailing slash was dropped unread."""
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(UsageError, match=r"-o 'newdir/' names a folder \(it ends in /\): give the name of a file"):
-        OutputFile.of("newdir/", "-o")
+    for name in ("newdir/", "newdir/.", "newdir/sub/.."):
+        with pytest.raises(UsageError, match=f"-o '{name}' names a folder: give the name of a file to write"):
+            OutputFile.of(name, "-o")
     assert not (tmp_path / "newdir").exists()
+    with pytest.raises(UsageError, match="is a directory"):  # the current folder itself, as before
+        OutputFile.of("./", "-o")
 
 
 def test_nas_train_refuses_an_output_that_is_one_of_its_inputs(tmp_path, monkeypatch):
@@ -96,9 +99,12 @@ def test_nas_train_refuses_an_output_that_is_one_of_its_inputs(tmp_path, monkeyp
     cases = [(["--data", "corpus.txt", "-o", "corpus.txt"], "-o 'corpus.txt' is the --data this command reads"),
              (["-o", "arch.json"], "-o 'arch.json' is the --config this command reads"),
              (["--data", "texts", "-o", "texts/result.json"], "-o 'texts/result.json' lies in the --data folder"),
-             (["--data", "texts/*.txt", "-o", "texts/a.txt"], "-o 'texts/a.txt' is the --data this command reads")]
+             (["--data", "texts/*.txt", "-o", "texts/a.txt"], "-o 'texts/a.txt' is the --data this command reads"),
+             # a new file the glob would read next time, and a run folder inside the data's folder
+             (["--data", "texts/*.txt", "-o", "texts/b.txt"], "-o 'texts/b.txt' matches the --data glob"),
+             (["--data", "texts", "--out", "texts/run"], "--out 'texts/run' lies in the --data folder 'texts'")]
     for args, says in cases:
         result = CliRunner().invoke(app, ["train", "--config", "arch.json", "--preset", "tiny", *args])
         assert result.exit_code == 2 and result.stderr.startswith(f"error: {says}"), (args, result.stderr)
     assert (tmp_path / "corpus.txt").read_text() == corpus and (tmp_path / "texts" / "a.txt").read_text() == corpus
-    assert not (tmp_path / "texts" / "result.json").exists()
+    assert sorted(p.name for p in (tmp_path / "texts").iterdir()) == ["a.txt"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import re
@@ -13,7 +14,7 @@ import typer
 from nas.cli.app import app
 from nas.cli.errors import INTERRUPTED_EXIT_CODE
 from nas.errors import UsageError
-from nas.files import OutputFile, output_folder
+from nas.files import OutputFile, output_folder, refuse_inside, show
 from nas.units import parse_size
 
 
@@ -50,12 +51,17 @@ def train(
     """Train one shape at a preset and print its result as JSON; under torchrun, every process trains (DDP).
     Ctrl-C, `kill -INT` or `kill`: exit 130, and with --out the same command resumes from the last checkpoint."""
     from nas.configs import read_arch_config
+    from runners.config import STEPS_NOTE_SHOWN
     from runners.presets import get_preset
 
     arch = read_arch_config(config, rank)
     out = output_folder(out_text, "--out") if out_text is not None else None
-    target = OutputFile.of(output, "-o").check_apart(read_inputs(config, data, out)) if output is not None \
-        else None  # refused now, not after the training
+    inputs = read_inputs(config, data, out)
+    if out is not None:  # the run's folder inside a folder of data: its log would be read as data next time
+        refuse_inside(out, f"--out {show(out)}", [(flag, path) for flag, path in inputs if flag == "--data"])
+    target = OutputFile.of(output, "-o").check_apart(inputs) if output is not None else None  # refused now, not
+    if target is not None and not target.is_stdout:  # after the training
+        refuse_glob_match(target.target, data)
     if checkpoint_every < 0 or micro_batch < 0 or threads < 0:
         bad = next(f"{flag} {value}" for flag, value in (("--checkpoint-every", checkpoint_every),
                                                           ("--micro-batch", micro_batch), ("--threads", threads))
@@ -72,7 +78,7 @@ def train(
     cfg = cfg.with_(compile=compile)
     # one note a run: under torchrun rank 0's, and none in a `nas rerun` child (its launcher said it once)
     if (rounded := cfg.whole_steps_note()) and int(os.environ.get("RANK", "0")) == 0 \
-            and not os.environ.get("NAS_STEPS_NOTE_SHOWN"):
+            and not os.environ.get(STEPS_NOTE_SHOWN):
         typer.echo(f"note: {rounded}", err=True)
 
     from nas.data import load_data
@@ -114,6 +120,14 @@ def train(
     if result["status"] != "ok":
         typer.echo(f"run ended {result['status']}: {result['reason']}", err=True)
         raise typer.Exit(1)
+
+
+def refuse_glob_match(target: Path, data: str) -> None:
+    """``UsageError`` when ``-o`` is a file that a ``--data`` glob would read next time (``texts/*.txt``)."""
+    if any(c in data for c in "*?[") and fnmatch.fnmatch(os.path.abspath(target),
+                                                       os.path.abspath(os.path.expanduser(data))):
+        raise UsageError(f"-o {show(target)} matches the --data glob {show(data)}: the next run would read it as "
+                         "data; choose another name")
 
 
 def read_inputs(config: str, data: str, out: Path | None) -> list[tuple[str, Path]]:
