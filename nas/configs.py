@@ -61,8 +61,7 @@ def arch_from_json(data: Any, source: str, rank: int | None = None) -> ArchConfi
             rank = min(labels) if rank is None else rank
             ranked = [row for row in rows if row.get("rank") == rank and not isinstance(row.get("rank"), bool)]
             if not ranked:
-                raise UsageError(f"--rank {rank} is invalid: {source} holds the rows of rank "
-                                 f"{', '.join(map(str, sorted(set(labels))))}")
+                raise UsageError(f"--rank {rank} is invalid: {source} holds the rows of rank {spans(labels)}")
             if len(ranked) > 1:  # an edited or concatenated file: which of them was meant is not the tool's guess
                 raise UsageError(f"{source} holds {len(ranked)} rows of rank {rank}: keep one (a `nas best --format "
                                  "json` file has one row a rank)")
@@ -94,6 +93,17 @@ def arch_from_json(data: Any, source: str, rank: int | None = None) -> ArchConfi
     return arch
 
 
+def spans(numbers: list[int]) -> str:
+    """``1-40`` or ``1, 3, 7-9``: the distinct numbers, runs of consecutive ones as ranges."""
+    runs: list[list[int]] = []
+    for number in sorted(set(numbers)):
+        if runs and runs[-1][1] == number - 1:
+            runs[-1][1] = number
+        else:
+            runs.append([number, number])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
 def _check_row_matches(row: dict[str, Any], arch: ArchConfig, source: str) -> None:
     """A row's own columns (heads, k, d_h, ...) against its ``arch``, which is what trains: a row whose ``heads`` was
     edited and ``arch`` not trained the old shape without a word."""
@@ -101,9 +111,11 @@ def _check_row_matches(row: dict[str, Any], arch: ArchConfig, source: str) -> No
              "layers": arch.n_layers, "d_model": arch.d_model, "k": arch.ffn.k, "d_h": arch.ffn.hidden}
     for column, value in shape.items():
         said = row.get(column)
+        if isinstance(said, list) and all(isinstance(h, int) and h > 0 for h in said):  # a trial's own attrs: a list
+            said = format_plateaus(said)
         if said is not None and said != value:
             raise UsageError(f"{source}: the row says {column} {said!r} but its \"arch\" (what trains) has "
-                             f"{value!r}: edit the arch to match, or give the arch alone as the --config")
+                             f"{value!r}: make them agree, or give the arch alone as the --config")
 
 
 def _check_numbers(data: dict[str, Any], source: str) -> None:

@@ -53,7 +53,7 @@ def test_what_is_not_a_shape_is_one_usage_error(data, says):
 
 
 def test_a_rank_outside_the_leaderboard_or_on_a_single_shape_is_refused():
-    with pytest.raises(UsageError, match=r"--rank 3 is invalid: f holds the rows of rank 1, 2$"):
+    with pytest.raises(UsageError, match=r"--rank 3 is invalid: f holds the rows of rank 1-2$"):
         arch_from_json([row(1, STEP), row(2, BASE)], "f", rank=3)
     with pytest.raises(UsageError, match=r"--rank 3 is invalid: f holds 2 rows \(ranks 1-2\)"):  # rows without a rank
         arch_from_json([{"arch": STEP.to_dict()}, {"arch": BASE.to_dict()}], "f", rank=3)
@@ -103,8 +103,9 @@ def test_a_row_whose_columns_were_edited_but_not_its_arch_is_refused_not_trained
     """An exported row edited in its visible `heads` (or k, d_h...) trained the unchanged `arch` without a word."""
     edited = {**row(1, STEP), "heads": "4x4"}
     with pytest.raises(UsageError, match=r"f: the row says heads '4x4' but its \"arch\" \(what trains\) has "
-                                         r"'2x2,4x2': edit the arch to match"):
+                                         r"'2x2,4x2': make them agree"):
         arch_from_json([edited], "f")
     with pytest.raises(UsageError, match="the row says d_h 99 but"):
         arch_from_json([{**row(1, STEP), "d_h": 99}], "f")
     assert arch_from_json([{**row(1, STEP), "d_h": None, "k": STEP.ffn.k}], "f") == STEP  # absent or equal: fine
+    assert arch_from_json([{**row(1, STEP), "heads": [2, 2, 4, 4]}], "f") == STEP  # a trial's attrs: heads a list
