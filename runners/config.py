@@ -11,6 +11,8 @@ from nas.errors import UsageError
 
 MAX_TOKENS = 10**13  # far beyond any run: a typo is refused instead of planned
 RUN_ONLY_FIELDS = ("threads", "device", "compile", "micro_batch")  # how a run executes, not what it computes
+# set in the environment of a `nas train` that `nas rerun` launched: the launcher printed the whole-steps note once
+STEPS_NOTE_SHOWN = "NAS_STEPS_NOTE_SHOWN"
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from nas.study.records import counts, key_seed
 
-NAS = [sys.executable, "-m", "nas.cli"]
+NAS = [sys.executable, "-m", "nas"]  # as the console script enters it (nas.console)
 TINY = ["--preset", "tiny"]
 # the tiny preset's baseline (L4 d32 h4) gives a prism space of 3 members; six layers give 5
 SPACE3 = ["--space", "prism"]

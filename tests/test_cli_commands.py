@@ -63,7 +63,7 @@ def test_train_runs_one_shape_and_writes_its_result(tmp_path):
     assert "note: 1,000 tokens are no whole number of steps of 4 x 32 = 128 tokens: each run trains 7 steps, 896 " \
            "tokens" in rounded.stderr and json.loads(out.read_text())["tokens_seen"] == 896
     # a `nas rerun` child: its launcher said the note once for all its runs (it came once more from each run)
-    from nas.rerun.launch import STEPS_NOTE_SHOWN
+    from runners.config import STEPS_NOTE_SHOWN
 
     child = CliRunner().invoke(app, ["train", "--config", str(config), "--preset", "tiny", "--tokens", "1k"],
                                env={STEPS_NOTE_SHOWN: "1"})

@@ -13,7 +13,8 @@ The flow is ``CLI -> space -> ArchConfig -> runner -> result -> storage -> repor
   and the dashboard note reaches it as a callback from the command line;
 - the statistics of a study (``nas.stats``) are pure functions of the scores: they import neither the
   search loop, the re-runs, the reports nor the command line, and no torch or Optuna;
-- nothing below the command line imports it (the console script's entry ``nas.console`` sits above it: it loads it);
+- nothing below the command line imports it (the console script's entry ``nas.console`` and ``python -m nas`` sit
+  above it: they load it);
 - Optuna's private API is reached from ``nas/study/optuna_internals.py`` only.
 
 Imports are read from the source (every ``import`` statement, inside functions too, except
@@ -34,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("nas", "search_spaces", "runners", "reports", "benchmarks")
 TORCH_FREE = ("search_spaces", "nas.arch", "nas.errors", "nas.units", "nas.configs")
 INTERNALS = "nas.study.optuna_internals"
-ENTRY = "nas.console"  # the console script: above the command line
+ENTRY = ("nas.console", "nas.__main__")  # the console script and `python -m nas`: above the command line
 SEARCH_LOOP = ("nas.study", "nas.rerun")
 STORED_FORMAT = ("nas.study", "nas.study.records")  # what readers may import of the study package
 # private Optuna names: only INTERNALS may touch them
@@ -140,7 +141,7 @@ def violations(graph: dict[str, set[str]], external: dict[str, set[str]]) -> lis
                        if any(under(m, p) for p in (*SEARCH_LOOP, "reports", "nas.cli"))]
             broken += [f"{module} -> {lib} (via {m})" for m in sorted(reached) for lib in ("torch", "optuna")
                        if lib in external[m]]
-        if not under(module, "nas.cli") and module != ENTRY:
+        if not under(module, "nas.cli") and module not in ENTRY:
             broken += [f"{module} -> {m} (the CLI)" for m in sorted(reached) if under(m, "nas.cli")]
     return broken
 

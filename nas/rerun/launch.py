@@ -20,6 +20,7 @@ from typing import Any
 from nas.arch import ArchConfig
 from nas.errors import UsageError
 from nas.rerun.plan import PlannedRun
+from runners.config import STEPS_NOTE_SHOWN
 from runners.distributed import die_with_parent
 from runners.full import read_result
 
@@ -37,9 +38,6 @@ class LaunchOptions:
     threads: int = 0
 
 
-STEPS_NOTE_SHOWN = "NAS_STEPS_NOTE_SHOWN"  # set for a child `nas train`: its launcher printed the note already
-
-
 def train_command(run: PlannedRun, options: LaunchOptions) -> list[str]:
     """The command line that trains ``run`` (torchrun when ``nproc`` > 1)."""
     args = ["train", "--config", str(run.folder / "arch.json"), "--preset", options.preset, "--seed", str(run.seed),
@@ -50,8 +48,8 @@ def train_command(run: PlannedRun, options: LaunchOptions) -> list[str]:
     args += ["--device", options.device] if options.device else []
     if options.nproc > 1:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={options.nproc}",
-                "-m", "nas.cli", *args]
-    return [sys.executable, "-m", "nas.cli", *args]
+                "-m", "nas", *args]
+    return [sys.executable, "-m", "nas", *args]
 
 
 def descendants(pid: int) -> list[int]:
