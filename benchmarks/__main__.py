@@ -136,4 +136,8 @@ def run_figures(chosen: list[tuple[int, str]], cfg: BenchConfig, args: argparse.
 
 
 if __name__ == "__main__":
+    # `kill -INT` stops a run started with SIGINT ignored (a shell's background job, a test runner's worker), as it
+    # stops every `nas` command (nas.cli.main): Python keeps an inherited SIG_IGN, and the run went on to its end
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.exit(main())

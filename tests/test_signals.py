@@ -422,6 +422,12 @@ def test_nas_rules_stops_on_a_stop_that_an_import_swallowed(tmp_path, stop):
     assert not database.exists()
 
 
+def in_a_terminal() -> None:
+    """A child's SIGINT as a terminal's foreground command has it, whatever the test runner's is: a pytest-xdist
+    worker ignores SIGINT, and a process keeps an inherited SIG_IGN until its own code changes it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 STOP_WHILE_THE_APPLICATION_LOADS = """
 import importlib.abc, os, signal, sys
 
@@ -442,19 +448,21 @@ def test_a_ctrl_c_while_the_application_loads_is_one_line_and_exit_130():
     """The console script imported ``nas.cli`` (typer and every command, about 0.1 s) before any code could catch a
     stop: a Ctrl-C then printed Python's KeyboardInterrupt traceback."""
     done = subprocess.run([sys.executable, "-c", STOP_WHILE_THE_APPLICATION_LOADS], capture_output=True, text=True,
-                          timeout=60, cwd=ROOT)
+                          timeout=60, cwd=ROOT, preexec_fn=in_a_terminal)
     assert done.returncode == 130, done.stderr
     assert done.stderr.splitlines() == ["interrupted: the command stopped before it finished; run the same command "
                                         "again"], done.stderr
 
 
 def test_ctrl_c_in_a_benchmark_figure_is_one_line_and_exit_130(tmp_path):
-    """`nas bench` stopped mid-figure printed a 45-line KeyboardInterrupt traceback."""
+    """`nas bench` stopped mid-figure printed a 45-line KeyboardInterrupt traceback. Started with SIGINT ignored (a
+    background job, or a pytest-xdist worker's child), `python -m benchmarks` ran on to its end and exit 0."""
     from search_helpers import nas_env
 
     out = tmp_path / "bench"
     proc = subprocess.Popen([sys.executable, "-m", "benchmarks", "--smoke", "--only", "1", "--out", str(out)],
-                            cwd=tmp_path, env=nas_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=tmp_path, env=nas_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
         assert proc.stdout.readline().startswith("[1/13] prism_free"), "the figure did not start"
         proc.send_signal(signal.SIGINT)
