@@ -29,6 +29,8 @@ def parse_size(text: str | int, what: str = "size") -> int:
         value = round(number)
         if value <= 0 < number:  # 0.4, 1e-3k: a fraction of one
             raise UsageError(f"{what} {text!r} must be at least 1 (it rounds to {value})")
+        if abs(number - value) > 1e-9 * number:  # 1.5, 1.2345k: refused as typed, not rounded and refused as 2
+            raise UsageError(f"{what} {text!r} is {number:g}, not a whole number: give a count (e.g. {value})")
     if value <= 0:
         raise UsageError(f"{what} {text!r} must be positive")
     return value

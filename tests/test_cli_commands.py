@@ -75,6 +75,8 @@ def test_train_runs_one_shape_and_writes_its_result(tmp_path):
     (["--config", "arch.json", "--preset", "huge"], "unknown preset 'huge'"),
     (["--config", "arch.json", "--tokens", "lots"], "--tokens 'lots' is not a size"),
     (["--config", "arch.json", "--tokens", "0.5"], "--tokens '0.5' must be at least 1 (it rounds to 0)"),
+    # it was rounded, then refused as "tokens=2 is less than one step", a value the user never typed
+    (["--config", "arch.json", "--tokens", "1.5"], "--tokens '1.5' is 1.5, not a whole number: give a count"),
     (["--config", "arch.json", "--rank", "2"], "--rank 2 needs a list of rows"),
     (["--config", "arch.json", "--data", "/no/such/data"], "not found"),
     # a micro-batch that cannot split the batch is said as such, not as 33 TB of activations
