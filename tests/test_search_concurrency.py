@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import multiprocessing
 import os
@@ -39,7 +40,7 @@ from nas.study.config import SearchConfig
 from nas.study.parallel import run_search, worker_context
 from nas.study.placement import Placement
 from nas.study.records import key_seed
-from nas.study.recovery import TERMINATED
+from nas.study.recovery import INTERRUPTED, TERMINATED
 from nas.study.storage import make_storage
 from runners.presets import get_preset
 from search_spaces.factory import SpaceOptions, build_space
@@ -224,13 +225,16 @@ def test_a_killed_worker_does_not_hang_the_search_and_its_trial_is_retried(tmp_p
         (m, 0) for m in members_of(SpaceOptions(space="prism")))
 
 
-def test_sigterm_to_the_parent_stops_every_worker_cleanly(tmp_path):
-    # `kill` (SIGTERM) reaches only the parent of `--workers 2`; it passes the stop on, and each worker marks its
-    # running trial interrupted and re-queues it, as Ctrl-C in a terminal (which reaches all of them) does
+@pytest.mark.parametrize("sent_signal", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_to_the_parent_stops_every_worker_cleanly(tmp_path, sent_signal):
+    # `kill` (SIGTERM) or `kill -INT` reaches only the parent of `--workers 2`; it passes the stop on at once, and
+    # each worker marks its running trial interrupted and re-queues it, as Ctrl-C in a terminal (which reaches all of
+    # them) does. After `kill -INT` the workers trained on for 3 s and started trials after the stop
     storage, log, process = start_two_workers(tmp_path, "term")
     try:
         victims = wait_for_two_trials_training(storage, "term", process, log)
-        process.send_signal(signal.SIGTERM)
+        sent = datetime.datetime.now()  # Optuna's start times are the machine's local time
+        process.send_signal(sent_signal)
         code = process.wait(timeout=60)
     finally:
         stop(process)
@@ -242,9 +246,10 @@ def test_sigterm_to_the_parent_stops_every_worker_cleanly(tmp_path):
         stopped = trials[victim.number]
         assert stopped.state == TrialState.FAIL and stopped.user_attrs["status"] == "interrupted"
         # the stop passed on is the one the search received: the reason said "Ctrl-C" for a SIGTERM
-        assert stopped.user_attrs["reason"] == TERMINATED
+        assert stopped.user_attrs["reason"] == (TERMINATED if sent_signal == signal.SIGTERM else INTERRUPTED)
         (requeued,) = [t for t in trials if t.system_attrs.get("failed_trial") == victim.number]
         assert requeued.state == TrialState.WAITING and key_seed(requeued) == key_seed(stopped)
+    assert not [t.number for t in trials if t.datetime_start and t.datetime_start > sent]  # none began after it
 
 
 def still_running(pid: int) -> bool:

@@ -36,13 +36,14 @@ from runners.presets import get_preset
 
 
 def _interrupt_workers(processes: list, queue: Any, terminated: bool = False) -> None:
-    """Pass a stop on to the workers still running: the signal this process received, so each trial records it.
+    """Pass a stop on to the workers still running, at once: the signal this process received, so each trial
+    records it.
 
-    Ctrl-C in a terminal reaches every worker at once (one process group), and a grace period of 3 s
-    lets them stop on their own; ``kill -INT`` or ``kill`` reaches only this process, and without
-    this its workers would train on. After SIGTERM (``terminated``) there is no grace period.
+    ``kill -INT`` or ``kill`` reaches only this process: a grace period of 3 s, meant for a terminal's Ctrl-C (which
+    reaches every worker of the group), let the workers of a ``kill -INT`` finish their trials and start new ones
+    after the stop, whose lines were never printed. A worker takes a second stop signal as part of the first
+    (``nas.study.signals.interruptible(once=True)``), so a terminal's Ctrl-C passed on as well is one stop.
     """
-    _wait_for_workers(processes, queue, timeout=0.0 if terminated else 3.0)
     for p in processes:
         if p.is_alive():
             os.kill(p.pid, signal.SIGTERM if terminated else signal.SIGINT)
