@@ -407,6 +407,15 @@ def test_force_replaces_only_the_files_an_export_wrote_and_carries_the_users_ove
     (legacy / "tokenizer.json").unlink()
     assert write_model_dir(BASELINE, legacy, "hf", force=True).kept == ()
 
+    mine = tmp_path / "mine"  # a user's own model with the same three file names: its card names no prism-nas
+    mine.mkdir()
+    for name, text in (("README.md", "# my model\n"), ("config.json", '{"my": "config"}'),
+                       ("model.safetensors", "precious weights")):
+        (mine / name).write_text(text)
+    with pytest.raises(UsageError, match="which no nas export wrote"):
+        write_model_dir(BASELINE, mine, "llama", force=True)
+    assert (mine / "model.safetensors").read_text() == "precious weights"
+
 
 def test_weights_of_another_shape_are_refused(tmp_path):
     other = Transformer(BASELINE.replace(heads=[2, 2], ffn={"k": 1, "hidden": 160})).state_dict()
@@ -598,6 +607,7 @@ def test_a_checkpoint_is_matched_to_its_study_row_or_to_the_row_a_rerun_carried_
     (["--rank", "99", "--format", "hf", "-o", "m"], "--rank 99 is not a row of study 's': its leaderboard ranks 1 to"),
     (["--rank", "best", "--format", "hf", "-o", "m"], "--rank 'best' is invalid: give a rank (1 = the best) or "
                                                       "baseline"),
+    (["--rank", "²", "--format", "hf", "-o", "m"], "--rank '²' is invalid: give a rank"),  # a ValueError traceback
     (["--format", "hf"], "--format hf writes a model directory: give -o DIR"),
     (["--format", "onnx", "-o", "m"], "onnx"),
     (["--checkpoint", "CHECKPOINT", "-o", "rows.json"], "--checkpoint and --force go with --format hf or llama"),

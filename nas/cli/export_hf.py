@@ -68,7 +68,7 @@ def parse_rank(text: str | None) -> int | str | None:
     """``--rank``: a rank from 1, or ``baseline``."""
     if text is None or text == "baseline":
         return text
-    if not text.strip().isdigit() or int(text) < 1:
+    if not (text.strip().isascii() and text.strip().isdigit()) or int(text) < 1:  # '²' is a digit int() refuses
         raise UsageError(f"--rank {text!r} is invalid: give a rank (1 = the best) or baseline")
     return int(text)
 

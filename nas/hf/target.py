@@ -69,6 +69,16 @@ def manifest_text(folder: Path, names: Iterable[str]) -> str:
     return json.dumps({"written_by": WRITTEN_BY, "files": files}, indent=1) + "\n"
 
 
+def _export_card(path: Path) -> bool:
+    """Whether ``path`` reads as the model card an export wrote (it names prism-nas): the file names alone of an
+    export made before the record (README.md, config.json, model.safetensors) are also a user's own model's."""
+    try:
+        with open(path, "rb") as file:
+            return b"prism-nas" in file.read(1 << 16)
+    except OSError:
+        return False
+
+
 def _recorded(out: Path, present: set[str]) -> dict[str, str | None]:
     """The files an earlier export wrote into ``out`` (name -> sha256, None where only the name is known);
     ``UsageError`` when no export wrote the folder."""
@@ -84,7 +94,7 @@ def _recorded(out: Path, present: set[str]) -> dict[str, str | None]:
             raise UsageError(f"-o {show(out)}: its {MANIFEST} is not the record an export writes, so what an export "
                              "wrote there is not known: --force replaces only that; give a new folder")
         return dict(files)
-    if frozenset(present) in LEGACY_LAYOUTS:
+    if frozenset(present) in LEGACY_LAYOUTS and _export_card(out / "README.md"):
         return dict.fromkeys(present)
     strangers = present - set().union(*LEGACY_LAYOUTS)
     raise UsageError(f"-o {show(out)} holds {_names(strangers or present)}, which no nas export wrote (it has no "
