@@ -416,6 +416,15 @@ def test_force_replaces_only_the_files_an_export_wrote_and_carries_the_users_ove
         write_model_dir(BASELINE, mine, "llama", force=True)
     assert (mine / "model.safetensors").read_text() == "precious weights"
 
+    clashing = tmp_path / "clashing"  # a llama export, then a user's file named as one the hf layout writes
+    write_model_dir(BASELINE, clashing, "llama")
+    (clashing / "modeling_prism.py").write_text("# mine")
+    for _ in range(2):
+        with pytest.raises(UsageError, match="holds 'modeling_prism.py', which no export wrote there and this one"):
+            write_model_dir(BASELINE, clashing, "hf", force=True)
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".clashing.")]  # a whole model was left
+    assert (clashing / "modeling_prism.py").read_text() == "# mine"  # behind, hidden, each try
+
 
 def test_weights_of_another_shape_are_refused(tmp_path):
     other = Transformer(BASELINE.replace(heads=[2, 2], ffn={"k": 1, "hidden": 160})).state_dict()

@@ -35,7 +35,7 @@ from nas.arch import ArchConfig
 from nas.errors import UsageError
 from nas.hf.card import Provenance, model_card
 from nas.hf.mapping import PRISM_FILES, hf_state_dict, llama_config, llama_refusal, prism_config
-from nas.hf.target import MANIFEST, check_target, manifest_text, move_into_place
+from nas.hf.target import MANIFEST, check_clash, check_target, manifest_text, move_into_place
 from nas.model.transformer import Transformer
 
 FORMATS = {"hf": "prism", "llama": "llama"}  # --format -> layout
@@ -114,6 +114,12 @@ def write_model_dir(arch: ArchConfig, out: Path, fmt: str = "hf", provenance: Pr
         for name in files:
             os.chmod(tmp / name, shared)
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's folder is private too
+        try:
+            check_clash(tmp, target)
+        except UsageError:  # refused before any of the user's entries moved in: the new folder holds ours alone
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp = None
+            raise
         move_into_place(tmp, target)
     except (OSError, SafetensorError) as error:
         raise UsageError(f"cannot write -o {str(out)!r}: {getattr(error, 'strerror', None) or error}") from None

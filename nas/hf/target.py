@@ -154,15 +154,21 @@ def _check_target(out: Path, force: bool, reads: Sequence[Path]) -> Target:
     return Target(out, kept)
 
 
+def check_clash(tmp: Path, target: Target) -> None:
+    """``UsageError`` when a user's entry that a forced replacement would carry over has the name of a file this
+    export wrote into ``tmp``."""
+    clash = [name for name in target.kept if (tmp / name).exists()]
+    if clash:
+        raise UsageError(f"-o {show(target.path)} holds {_names(clash)}, which no export wrote there and this one "
+                         "would write: move it away or give a new folder")
+
+
 def move_into_place(tmp: Path, target: Target) -> None:
     """Make the folder ``tmp`` the model directory ``target.path``: the user's entries (``target.kept``) are moved
     into ``tmp`` first, an existing directory is moved aside and removed after, so ``target.path`` is always the
     old directory or the new one, whole; a failure puts everything back where it was."""
     out = target.path
-    clash = [name for name in target.kept if (tmp / name).exists()]
-    if clash:
-        raise UsageError(f"-o {show(out)} holds {_names(clash)}, which no export wrote there and this one would "
-                         "write: move it away or give a new folder")
+    check_clash(tmp, target)
     if not (out.exists() or out.is_symlink()):
         os.replace(tmp, out)
         return
