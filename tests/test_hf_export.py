@@ -623,6 +623,10 @@ def test_a_checkpoint_is_matched_to_its_study_row_or_to_the_row_a_rerun_carried_
     (["--checkpoint", "nowhere", "--format", "hf", "-o", "m"], "--checkpoint 'nowhere' does not exist"),
     (["--checkpoint", "pipe", "--format", "hf", "-o", "m"], "--checkpoint 'pipe' is a FIFO (named pipe): give the "
                                                            "folder"),  # it said "does not exist"
+    # tracebacks: a name too long for the file system, an arch.json beside the checkpoint that is not UTF-8
+    (["--checkpoint", "g" * 300, "--format", "hf", "-o", "m"], "its name is too long for this file system"),
+    (["--checkpoint", "BADARCH", "--format", "hf", "-o", "m"], "'BADARCH/arch.json' cannot be read as a shape: "
+                                                              "'utf-8' codec can't decode"),
     (["--checkpoint", "MIXED", "--format", "hf", "-o", "m"], "but 'MIXED/result.json' beside it is another shape"),
     (["--format", "hf", "-o", "full"], "-o 'TMP/full' exists and is not empty: give a new folder, or --force"),
     (["--format", "hf", "-o", "full", "--force"], "holds 'notes.txt', which no nas export wrote"),
@@ -640,6 +644,9 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(runs, tmp_path, monkeyp
     (mixed / "checkpoint.pt").write_bytes((root / "best" / "checkpoint.pt").read_bytes())
     (mixed / "result.json").write_text((root / "other" / "result.json").read_text())
     os.mkfifo(tmp_path / "pipe")
+    (tmp_path / "BADARCH").mkdir()
+    (tmp_path / "BADARCH" / "checkpoint.pt").write_bytes((root / "best" / "checkpoint.pt").read_bytes())
+    (tmp_path / "BADARCH" / "arch.json").write_bytes(b"\xff\xfe\x00")
     prism_rank = next(r["rank"] for r in json.loads((root / "best.json").read_text()) if len(set(r["heads"])) > 1)
     args = [{"CHECKPOINT": str(root / "best"), "PRISM_RANK": str(prism_rank)}.get(a, a) for a in args]
     before = sorted(p.name for p in tmp_path.iterdir())

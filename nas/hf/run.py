@@ -55,22 +55,23 @@ def _shape_beside(folder: Path) -> tuple[ArchConfig | None, str]:
     config = folder / "arch.json"
     if config.is_file():
         try:
-            return ArchConfig.from_dict(json.loads(config.read_text())), str(config)
-        except (OSError, json.JSONDecodeError) as error:
-            raise UsageError(f"{str(config)!r} cannot be read as a shape: {error}") from None
+            return ArchConfig.from_dict(json.loads(config.read_text(encoding="utf-8"))), str(config)
+        except (OSError, ValueError, TypeError, UsageError) as error:  # not UTF-8, not JSON, not a shape
+            raise UsageError(f"{show(config)} cannot be read as a shape: {error}") from None
     result = folder / "result.json"
     if result.is_file():
         try:
-            stored = json.loads(result.read_text())
-        except (OSError, json.JSONDecodeError) as error:
-            raise UsageError(f"{str(result)!r} cannot be read: {error}") from None
-        if isinstance(stored, dict) and isinstance(stored.get("arch"), dict):
-            return ArchConfig.from_dict(stored["arch"]), str(result)
+            stored = json.loads(result.read_text(encoding="utf-8"))
+            if isinstance(stored, dict) and isinstance(stored.get("arch"), dict):
+                return ArchConfig.from_dict(stored["arch"]), str(result)
+        except (OSError, ValueError, TypeError, UsageError) as error:
+            raise UsageError(f"{show(result)} cannot be read as a run's result: {error}") from None
     return None, ""
 
 
 def read_run(path: Path) -> TrainedRun:
     """The run folder's (or checkpoint file's) weights, shape and progress; ``UsageError`` for anything else."""
+    stat_path(path, "--checkpoint")  # a name too long for the file system, a folder not ours to read: one line
     if path.is_dir():
         checkpoint = path / CHECKPOINT_NAME
         if not checkpoint.is_file():
