@@ -425,6 +425,15 @@ def test_force_replaces_only_the_files_an_export_wrote_and_carries_the_users_ove
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".clashing.")]  # a whole model was left
     assert (clashing / "modeling_prism.py").read_text() == "# mine"  # behind, hidden, each try
 
+    link = tmp_path / "link"  # the export renames a folder into place: it replaced the link, and moved the user's
+    link.symlink_to(clashing)  # files out of the folder it named
+    with pytest.raises(UsageError, match=f"-o '{link}' is a symbolic link to '{clashing}': give the folder itself"):
+        write_model_dir(BASELINE, link, "llama", force=True)
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")  # it was called "a file"
+    with pytest.raises(UsageError, match="is a symbolic link to .*nowhere', which does not exist"):
+        write_model_dir(BASELINE, tmp_path / "dangling", "llama")
+    assert link.is_symlink() and (clashing / "modeling_prism.py").read_text() == "# mine"
+
 
 def test_weights_of_another_shape_are_refused(tmp_path):
     other = Transformer(BASELINE.replace(heads=[2, 2], ffn={"k": 1, "hidden": 160})).state_dict()

@@ -123,7 +123,11 @@ def _check_target(out: Path, force: bool, reads: Sequence[Path]) -> Target:
         raise UsageError(f"-o {show(out)} is {where}: the export replaces its folder whole; give a new folder "
                          "(e.g. -o model)")
     kept: tuple[str, ...] = ()
-    if out.exists() or out.is_symlink():
+    if out.is_symlink():  # the export replaces a folder whole, by renaming: a link would be replaced, not its folder
+        target = os.readlink(out)
+        raise UsageError(f"-o {show(out)} is a symbolic link to {show(target)}"
+                         f"{'' if out.exists() else ', which does not exist'}: give the folder itself")
+    if out.exists():
         if not out.is_dir():
             raise UsageError(f"-o {show(out)} is a file: give a folder for the model directory")
         try:
