@@ -173,3 +173,17 @@ def test_a_trial_its_worker_finished_as_another_failed_it_reads_by_its_state(stu
     frame = read_study(study).frame
     assert list(frame["status"]) == ["ok", "ok", "abandoned"]
     assert frame["reason"].isna().tolist() == [True, True, False]
+
+
+def test_a_trial_whose_stored_seed_is_not_a_number_is_left_out_of_the_search_s_reading(study):
+    """A storage edited by hand ('seed' = "one"): the readers skip the trial with a warning, while a resumed search's
+    planner stopped with a traceback (``int('one')`` in ``key_seed`` and ``scores_by_shape``)."""
+    from nas.study.records import key_seed
+
+    add(study, BASE, 0, 3.40, role="baseline")
+    add(study, STEP, 0, 3.35)
+    study.add_trial(optuna.trial.create_trial(value=3.36, user_attrs={**shape_attrs(STEP, 1, "member"),
+                                                                      "val_loss": 3.36, "seed": "one"}))
+    trials = study.get_trials(deepcopy=False)
+    assert [key_seed(t) for t in trials] == [(BASE.key(), 0), (STEP.key(), 0), None]
+    assert scores_by_shape(trials)[STEP.key()].seeds == (0,)

@@ -59,9 +59,13 @@ def in_flight(trial: FrozenTrial) -> bool:
 
 
 def key_seed(trial: FrozenTrial) -> tuple[str, int] | None:
-    if "key" not in trial.user_attrs:
+    """The (shape key, seed) the trial trains; None without a shape, or where the stored ones are not a key and a
+    seed (a storage edited by hand: ``int('one')`` stopped a resumed search with a traceback, where every reader
+    skips the trial with a warning)."""
+    key, seed = trial.user_attrs.get("key"), trial.user_attrs.get("seed", 0)
+    if not isinstance(key, str) or isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         return None
-    return trial.user_attrs["key"], int(trial.user_attrs.get("seed", 0))
+    return key, seed
 
 
 def arch_of(trial: FrozenTrial) -> ArchConfig | None:
@@ -83,12 +87,12 @@ def scores_by_shape(trials: Iterable[FrozenTrial]) -> dict[str, ShapeScores]:
     The one place a shape's mean over seeds is computed: the progress line, the replicate planner
     and the leaderboard all rank shapes by it, put on the baseline's seeds (``seed_adjusted_means``).
     """
-    grouped: dict[str, list[FrozenTrial]] = {}
+    grouped: dict[str, list[tuple[FrozenTrial, int]]] = {}
     for t in sorted(trials, key=lambda t: t.number):
-        if t.state == TrialState.COMPLETE and counts(t) and "key" in t.user_attrs:
-            grouped.setdefault(t.user_attrs["key"], []).append(t)
-    return {key: ShapeScores(key, tuple(t.number for t in group),
-                             tuple(int(t.user_attrs.get("seed", 0)) for t in group), tuple(loss_of(t) for t in group))
+        if t.state == TrialState.COMPLETE and counts(t) and (pair := key_seed(t)) is not None:
+            grouped.setdefault(pair[0], []).append((t, pair[1]))
+    return {key: ShapeScores(key, tuple(t.number for t, _ in group), tuple(seed for _, seed in group),
+                             tuple(loss_of(t) for t, _ in group))
             for key, group in grouped.items()}
 
 
