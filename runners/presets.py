@@ -92,17 +92,17 @@ _GPU_PROXY_TRAIN = _GPU_TRAIN.with_(tokens=100_000_000, eval_every=20_971_520, p
 _GPU_SPACE = (("max_head_dim", 256),)
 
 PRESETS: dict[str, Preset] = {p.name: p for p in (
-    Preset("cpu", "GPT-2 small structure (12 layers x 12 heads) at width 96, bytes, 32k tokens/trial: "
+    Preset("cpu", "GPT-2 small structure (12 layers x 12 heads) at width 96, bytes, 32,768 tokens/trial: "
            "200 trials in 5.3 min on a 2-core machine with a 440-445 GFLOP/s fp32 peak (2 workers)",
            uniform(12, 96, 12, 256), _CPU_TRAIN),
     # lr 3e-3: at 6e-3 some seeds sat on the unigram plateau (~3.2 nats) for most of the run, and two seeds of one
     # shape ended 2.36 and 2.93; at 3e-3 the same two ended 2.10 and 2.19 (benchmarks/reference_panel.py)
-    Preset("cpu-long", "the cpu shape trained 8x longer (256k tokens/trial, lr 3e-3): the reference panel's setup",
+    Preset("cpu-long", "the cpu shape trained 8x longer (262,144 tokens/trial, lr 3e-3): the reference panel's setup",
            uniform(12, 96, 12, 256), _CPU_TRAIN.with_(tokens=262_144, eval_every=65_536, lr=3e-3)),
     # the cheapest CPU proxy that ranks the width-depth-FFN axis: one seed at 4x the tokens agrees with the Hourglass
     # reference panel at Kendall tau +0.67 [+0.57, +0.78], where 8 seeds of `cpu` (twice the CPU) reach +0.60
     # [+0.29, +0.65] (benchmarks/proxy_fidelity.py --space hourglass); lr 8e-3: the 4x trials' tuned rate
-    Preset("cpu-hourglass", "the cpu shape at 4x the tokens (128k tokens/trial, lr 8e-3): the cheapest CPU proxy "
+    Preset("cpu-hourglass", "the cpu shape at 4x the tokens (131,072 tokens/trial, lr 8e-3): the cheapest CPU proxy "
            "that ranks the Hourglass axis (Kendall tau +0.67 against its reference panel at one seed a shape)",
            uniform(12, 96, 12, 256), _CPU_TRAIN.with_(tokens=131_072, eval_every=16_384, lr=8e-3)),
     Preset("gpu-prism", "GPT-2 small's structure (L12 d768 h12, V50304, SwiGLU 2048: 53 of the 129 Prism "
@@ -112,7 +112,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
     Preset("gpu-hourglass", "the Hourglass paper's 113M LLaMA-style base (L12 d768 h12, V32000, SwiGLU 2176) as "
            "a GPU proxy: 100M tokens/trial, bf16, compiled",
            uniform(12, 768, 12, 32000, FFNShape(1, 2176)), _GPU_PROXY_TRAIN, GpuEstimate(), _GPU_SPACE),
-    Preset("tiny", "4 layers x 4 heads at width 32, 4k tokens: seconds per trial, for tests and smoke runs",
+    Preset("tiny", "4 layers x 4 heads at width 32, 4,096 tokens: seconds per trial, for tests and smoke runs",
            uniform(4, 32, 4, 256), TrainConfig(tokens=4_096, batch_size=4, seq_len=32, lr=1e-2,
                                                eval_every=1_024, eval_tokens=512, attention_batches=1)),
     Preset("gpt2-124m", "GPT-2 small (L12 d768 h12, V50304 tied, SwiGLU 2048), 1B tokens, context 1024",
