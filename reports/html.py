@@ -62,7 +62,7 @@ def summary_section(data: StudyData, summary: Summary) -> Section:
 
 def speed_note(rows: list[dict]) -> str:
     """What the summary's tokens/s ratio is: a ratio of medians over each side's own runs, timed where and when each
-    ran, beside whatever shared the machine (a helper read 7.7x between two shapes of one size on a loaded machine)."""
+    ran, beside whatever shared the machine (7.7x was read between two shapes of one size on a loaded machine)."""
     runs = " and ".join(f"{row['seeds']} run{'s' if row['seeds'] != 1 else ''}" for row in rows
                         if row[""] != "baseline")
     base = next((row["seeds"] for row in rows if row[""] == "baseline"), 0)

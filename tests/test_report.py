@@ -443,7 +443,7 @@ def test_staircases_below_uniform_leaders_say_which_ranks_they_are():
 
 def test_the_summary_says_what_its_tokens_per_s_ratio_is_and_a_slow_run_moves_it_least():
     """The summary's "tokens/s vs baseline" was a ratio of means over each side's runs, with no word of what it is:
-    one run slowed by another process moved it (a helper read 7.7x between shapes of one size on a loaded machine)."""
+    one run slowed by another process moved it (7.7x was read between shapes of one size on a loaded machine)."""
     from html import unescape
 
     study = optuna.create_study(study_name="speeds")
