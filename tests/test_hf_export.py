@@ -693,3 +693,12 @@ def test_the_default_row_is_the_answers_pick_even_where_the_board_ranks_it_lower
     data = SimpleNamespace(name="s")
     assert pick_row(data, rows, None, None)["rank"] == 3 and pick_row(data, rows, 1, None)["rank"] == 1
     assert pick_row(data, [{**r, "is_answer_pick": False} for r in rows], None, None)["rank"] == 1
+
+
+def test_the_wrote_line_shows_the_folder_as_every_message_shows_a_path(synthetic, tmp_path, monkeypatch):
+    """`wrote ...` printed -o unquoted: a name holding a newline split the line in two."""
+    monkeypatch.chdir(tmp_path)
+    result = nas("export", "--storage", f"sqlite:///{synthetic}", "--format", "hf", "-o", "odd\nname")
+    assert result.exit_code == 0, result.output
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith(f"wrote '{tmp_path}/odd\\nname' ("), \
+        result.stderr

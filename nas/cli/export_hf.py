@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from nas.errors import UsageError
-from nas.files import user_path
+from nas.files import show, user_path
 
 if TYPE_CHECKING:
     from nas.hf.run import TrainedRun
@@ -122,9 +122,9 @@ def export_model_dir(study_name: str | None, storage: str, rank_text: str | None
     provenance = Provenance(row=row, run=run.info if run else None, data=None if run else data_name)
     done = write_model_dir(arch, output, fmt, provenance, weights=run.weights if run else None, context=context,
                            force=force, reads=reads)
-    weights = f"trained weights of {run.path} (step {run.info['step']})" if run else "freshly initialised weights"
+    weights = f"trained weights of {show(run.path)} (step {run.info['step']})" if run else "freshly initialised weights"
     what = "PrismForCausalLM, load with trust_remote_code=True" if done.layout == "prism" else "LlamaForCausalLM"
     origin = f", row {row['rank']} of study {row['study']!r}" if row else ""
     kept = f"; kept {', '.join(done.kept)} (not written by an export)" if done.kept else ""
-    typer.echo(f"wrote {done.path} ({arch.label()}{origin}; {what}; {weights}): {', '.join(done.files)}{kept}",
+    typer.echo(f"wrote {show(done.path)} ({arch.label()}{origin}; {what}; {weights}): {', '.join(done.files)}{kept}",
                err=True)
