@@ -16,7 +16,6 @@ import queue as queue_module
 import signal
 import sys
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -35,7 +34,7 @@ from runners.distributed import die_with_parent
 from runners.presets import get_preset
 
 
-def _interrupt_workers(processes: list, queue: Any, terminated: bool = False) -> None:
+def _interrupt_workers(processes: list, terminated: bool = False) -> None:
     """Pass a stop on to the workers still running, at once: the signal this process received, so each trial
     records it.
 
@@ -49,21 +48,19 @@ def _interrupt_workers(processes: list, queue: Any, terminated: bool = False) ->
             os.kill(p.pid, signal.SIGTERM if terminated else signal.SIGINT)
 
 
-def _wait_for_workers(processes: list, queue: Any, timeout: float | None = None) -> None:
+def _wait_for_workers(processes: list, queue: Any) -> None:
     """Wait for the workers to end, reading (and dropping) what they still send.
 
     A process that put items on a ``multiprocessing.Queue`` exits only once they are flushed into
     the pipe, so joining without reading can deadlock (Python's "joining processes that use queues").
     """
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while any(p.is_alive() for p in processes) and (deadline is None or time.monotonic() < deadline):
+    while any(p.is_alive() for p in processes):
         try:
             queue.get(timeout=POLL_S / 5)  # drained and dropped: the parent has stopped reporting
         except queue_module.Empty:
             continue  # nothing to drain this poll; check the workers again
-    if deadline is None:
-        for p in processes:
-            p.join()
+    for p in processes:
+        p.join()
 
 
 def placements(config: SearchConfig) -> list[Placement]:
@@ -280,7 +277,7 @@ def run_search(config: SearchConfig, on_event: Callable[[TrialEvent], None] | No
                 if kind == "error":
                     errors.append(f"worker {worker}: {payload}")
     except KeyboardInterrupt as interrupt:
-        _interrupt_workers(processes, queue, terminated=isinstance(interrupt, Terminated))
+        _interrupt_workers(processes, terminated=isinstance(interrupt, Terminated))
         raise
     finally:
         _wait_for_workers(processes, queue)
