@@ -46,7 +46,8 @@ def train(
     threads: Annotated[int, typer.Option("--threads", help="Torch threads per process (0: the cores / "
                                          "processes).")] = 0,
     output: Annotated[str | None, typer.Option("-o", "--output", help="Also write the result JSON here "
-                                                   "(default: stdout only).", show_default=False)] = None,
+                                                   "(default: stdout only); not a file or folder the run reads.",
+                                                   show_default=False)] = None,
 ) -> None:
     """Train one shape at a preset and print its result as JSON; under torchrun, every process trains (DDP).
     Ctrl-C, `kill -INT` or `kill`: exit 130, and with --out the same command resumes from the last checkpoint."""
