@@ -35,6 +35,7 @@ from runners.device import (
     reset_peak_memory,
     resolve_device,
 )
+from runners.optimizer import AdamW
 from runners.result import TrialResult
 from runners.throughput import TrainClock
 
@@ -54,14 +55,15 @@ def lr_multiplier(step: int, total_steps: int, warmup_frac: float, min_ratio: fl
 
 
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only; the fused kernel where torch has one for the device."""
+    """AdamW with weight decay on matrices only; the fused kernel where torch has one for the device. torch's AdamW,
+    run without importing ``torch._dynamo`` (``runners.optimizer``: 1.7 CPU-s a process that trains)."""
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
     fused = device.type in ("cpu", "cuda")
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused)
+    return AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused)
 
 
 # validation batches are merged into evaluation forwards of up to this many tokens (on 2 CPU cores 1-2k tokens per

@@ -1,7 +1,8 @@
 """A run's training throughput, past the steps that carry a process's one-off costs.
 
 The first steps a process trains pay what later ones do not: the fused CPU kernels loaded (or built), the
-optimizer's first ``step`` importing ``torch._dynamo`` (~0.8 s), first-touch allocation, CUDA's lazy
+optimizer's first ``step`` importing ``torch._dynamo`` (~0.8 s, before ``runners.optimizer``), first-touch
+allocation, CUDA's lazy
 initialisation. Timed with them, the first trial of every search, the baseline, read 1,053 tokens/s against
 10,827-23,779 for shapes of its size at the ``tiny`` proxy (4,096 tokens, 32 steps), so every "tokens/s vs the
 baseline" ratio and the ``tokens_per_s`` objective were off. ``TrainClock`` times every step (the ETA and the

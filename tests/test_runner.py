@@ -80,7 +80,7 @@ def test_result_records_what_the_report_needs(builtin_data) -> None:
 
 
 def test_tokens_per_s_leaves_out_the_one_off_costs_of_a_processs_first_steps(builtin_data, monkeypatch) -> None:
-    """A process's first optimizer step imports torch._dynamo (~0.8 s), its first forward loads the kernels: the first
+    """A process's first optimizer step imported torch._dynamo (~0.8 s), its first forward loads the kernels: the first
     trial of every search, the baseline, read 1,053 tokens/s against 10,827-23,779 for shapes of its size. A 1 s
     first step must not move the figure; the training time still holds it."""
     import time

@@ -133,7 +133,7 @@ def die_with_search(search: multiprocessing.process.BaseProcess) -> None:
 
 
 # what every worker imports, imported once in the fork server that CPU workers are forked from
-WORKER_MODULES = ["torch", "torch._dynamo", "nas.study.parallel", "nas.study.worker", "runners.proxy",
+WORKER_MODULES = ["torch", "nas.study.parallel", "nas.study.worker", "runners.proxy",
                   "nas.model.transformer"]
 
 
@@ -141,8 +141,9 @@ def worker_context(places: list[Placement]) -> Any:
     """The multiprocessing context the workers start in.
 
     CPU workers are forked from a fork server that has imported ``WORKER_MODULES`` once: a spawned worker imported
-    torch itself, and at its optimizer's first step torch._dynamo, ~2.3 CPU-seconds a worker on a 2-core Xeon (fp32
-    matmul peak 344 GFLOP/s), more on a 2-core EPYC; the test files of multi-worker searches took 35 % less CPU. The
+    torch itself, and at its optimizer's first step torch._dynamo (no longer: ``runners.optimizer``), ~2.3
+    CPU-seconds a worker on a 2-core Xeon (fp32 matmul peak 344 GFLOP/s), more on a 2-core EPYC; the test files of
+    multi-worker searches took 35 % less CPU. The
     fork server is single-threaded but for the BLAS pools of numpy and scipy, which are fork-safe, and starts no torch
     thread pool. Workers on a GPU are spawned: a process forked after anything has touched CUDA cannot use it, and
     spawn is the path the GPU checks passed on. So is every worker off Linux: Windows has no fork, and on macOS a
