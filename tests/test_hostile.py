@@ -508,6 +508,46 @@ def with_trials(args: list[str], trials: int) -> list[str]:
     return [*args[:4], str(trials), *args[5:]]
 
 
+@pytest.mark.parametrize("policy, flag, begun, resumed", [("race", "--race-size", "2", "5"),
+                                                          ("fixed", "--replicate-top", "1", "3")])
+def test_a_study_keeps_the_size_of_its_race_or_fixed_replicates_when_resumed_with_another(tmp_path, policy, flag,
+                                                                                           begun, resumed):
+    """Each planning call recomputes a race's candidates from --race-size (fixed replicates' from --replicate-top):
+    another size on resume re-planned the running allocation without a word."""
+    storage = f"sqlite:///{tmp_path / 'nas.db'}"
+    first = CliRunner().invoke(app, tiny_search(tmp_path, "--replicates", policy, flag, begun))
+    assert first.exit_code == 0 and flag not in first.stderr, first.output
+    again = CliRunner().invoke(app, with_trials(tiny_search(tmp_path, "--replicates", policy, flag, resumed), 2))
+    assert again.exit_code == 0, again.output
+    assert f"was begun with {flag} {begun}; it continues with it, not {resumed}" in again.stderr, again.stderr
+    attr = "nas:" + flag.removeprefix("--").replace("-", "_")
+    assert optuna.load_study(study_name="s", storage=storage).user_attrs[attr] == int(begun)
+    same = CliRunner().invoke(app, with_trials(tiny_search(tmp_path, "--replicates", policy, flag, begun), 2))
+    assert same.exit_code == 0 and flag not in same.stderr, same.output
+
+
+@pytest.mark.parametrize("attr, bogus, says", [
+    ("nas:replicates", "sometimes", "it goes on with --replicates adaptive"),
+    ("nas:sampler", ["tpe"], "it goes on with --sampler tpe"),
+    ("nas:race_size", -3, "it goes on with --race-size 8"),
+    ("nas:race_size", True, "it goes on with --race-size 8"),
+])
+def test_a_stored_setting_edited_into_nonsense_is_said_and_replaced_not_obeyed(tmp_path, attr, bogus, says):
+    """A bogus stored policy planned nothing (an unknown policy), a bogus sampler crashed the proposal: each is now
+    said in one note, with the value it held, and replaced."""
+    storage = f"sqlite:///{tmp_path / 'nas.db'}"
+    policy = ["--replicates", "race"] if attr == "nas:race_size" else []
+    assert CliRunner().invoke(app, tiny_search(tmp_path, *policy)).exit_code == 0
+    optuna.load_study(study_name="s", storage=storage).set_user_attr(attr, bogus)
+    again = CliRunner().invoke(app, with_trials(tiny_search(tmp_path, *policy), 2))
+    assert again.exit_code == 0, again.output
+    (note,) = [line for line in again.stderr.splitlines() if attr in line]
+    assert f"study 's' holds {attr} = {bogus!r}, which is not " in note and says in note, note
+    fixed = optuna.load_study(study_name="s", storage=storage).user_attrs[attr]
+    assert fixed == {"nas:replicates": "adaptive", "nas:sampler": "tpe", "nas:race_size": 8}[attr]
+    assert len(optuna.load_study(study_name="s", storage=storage).get_trials()) == 2
+
+
 def test_a_resumed_study_keeps_its_sampler_unless_another_is_named_and_says_so(tmp_path):
     """Optuna stores no sampler: a study begun with --sampler random went on with TPE when resumed without it."""
     storage = f"sqlite:///{tmp_path / 'nas.db'}"

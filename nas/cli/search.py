@@ -131,9 +131,10 @@ def search(
                                                    "shapes).")]
     = Replicates.adaptive,
     race_size: Annotated[int, typer.Option("--race-size", help="race: how many of the first pass's best shapes "
-                                           "race the baseline.")] = 8,
+                                           "race the baseline (a resumed study keeps its own).")] = 8,
     replicate_top: Annotated[int, typer.Option("--replicate-top", help="fixed: seed replicates go to the "
-                                               "baseline and this many best shapes.")] = 4,
+                                               "baseline and this many best shapes (a resumed study keeps its "
+                                               "own).")] = 4,
     heartbeat: Annotated[int, typer.Option("--heartbeat", help="Seconds between trial heartbeats; a trial "
                                            "silent for 3x this is failed and re-queued.")] = 10,
 ) -> None:

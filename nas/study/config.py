@@ -45,6 +45,7 @@ def check_study_name(name: str, flag: str = "--study-name") -> str:
 
 SAMPLERS = ("tpe", "random", "grid", "gp", "nsga2")
 REPLICATES = ("race", "fixed", "adaptive", "adaptive-answer")
+MAX_ALLOCATION_SIZE = 10_000  # --race-size, --replicate-top
 PRUNERS = ("auto", "median", "hyperband", "none")
 # kv_cache: KV-cache bytes per token of context (ArchConfig.kv_cache_bytes_per_token), with a space's GQA options
 OBJECTIVES = {"loss": "minimize", "params": "minimize", "tokens_per_s": "maximize", "kv_cache": "minimize"}
@@ -79,8 +80,9 @@ class SearchConfig:
         if isinstance(self.workers, str) and self.workers != "auto":
             raise UsageError(f"--workers {self.workers!r} is invalid: give a number of workers (1-256) or auto")
         bounds = (("--trials", self.trials, 10**7), ("--workers", 1 if self.workers == "auto" else self.workers, 256),
-                  ("--heartbeat", self.heartbeat_interval, 86_400), ("--race-size", self.race_size, 10_000),
-                  ("--replicate-top", self.replicate_top, 10_000))
+                  ("--heartbeat", self.heartbeat_interval, 86_400),
+                  ("--race-size", self.race_size, MAX_ALLOCATION_SIZE),
+                  ("--replicate-top", self.replicate_top, MAX_ALLOCATION_SIZE))
         for flag, value, maximum in bounds:
             if value < 1:
                 raise UsageError(f"{flag} {value} is invalid: give at least 1")

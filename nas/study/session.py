@@ -15,8 +15,8 @@ import optuna
 
 from nas.arch import ArchConfig
 from nas.data import TokenData, check_enough_tokens, check_vocabulary, load_data
-from nas.errors import UsageError
-from nas.study.config import OBJECTIVES, SearchConfig
+from nas.errors import UsageError, printable
+from nas.study.config import MAX_ALLOCATION_SIZE, OBJECTIVES, REPLICATES, SAMPLERS, SearchConfig
 from nas.study.identity import check_identity, identity, other_data_note, study_name, train_config
 from nas.study.storage import make_storage
 from runners.config import TrainConfig
@@ -174,6 +174,7 @@ def open_search(config: SearchConfig, worker: int = 0, create: bool = True) -> S
         complete_study(search, ident)
     check_identity(study, ident, config)
     keep_replicates_policy(search)
+    keep_allocation_size(search)
     keep_sampler(search)
     return search
 
@@ -210,24 +211,36 @@ def complete_study(search: Search, ident: dict) -> None:
 
 def stored_replicates(study: optuna.Study) -> str | None:
     """The replicates policy a study was begun with: its ``nas:replicates``, else (a study made before it was
-    stored) the policy its replicate trials' roles show; None when no replicate was planned yet."""
+    stored, or one whose attribute was edited into no policy) the policy its replicate trials' roles show; None when
+    no replicate was planned yet."""
     stored = study.user_attrs.get("nas:replicates")
-    if isinstance(stored, str):
+    if stored in REPLICATES:
         return stored
     roles = {t.user_attrs.get("role") for t in study.get_trials(deepcopy=False)}
     found = {REPLICATES_ROLES[r] for r in roles if r in REPLICATES_ROLES}
     return found.pop() if len(found) == 1 else None
 
 
+def unreadable_setting_note(search: Search, attr: str, valid: str, used: str) -> str:
+    """The note for a study attribute that holds no valid setting (edited by hand, or written by another tool):
+    what it holds (its repr, cut at 60 characters), what would be ``valid``, and what the search goes on with."""
+    held = search.study.user_attrs.get(attr)
+    return (f"study {search.config.study_name!r} holds {attr} = {printable(repr(held)[:60])}, which is not {valid}; "
+            f"it goes on with {used} and stores that")
+
+
 def keep_sampler(search: Search) -> None:
     """A resumed study keeps the sampler it was searched with unless ``--sampler`` names another; either way a change
     is said. Optuna stores no sampler with a study, so ``nas:sampler`` records the one in use. Switching is legitimate
     (each proposal reads the whole study), but without a note a user who resumed with other options would not know
-    which sampler proposed the trials."""
+    which sampler proposed the trials. A stored value that names no sampler is said and replaced."""
     stored = search.study.user_attrs.get("nas:sampler")
     chosen = sampler_name(search.config)
     name = search.config.study_name
-    if isinstance(stored, str) and stored != chosen:
+    if stored is not None and stored not in SAMPLERS:
+        search.notes.append(unreadable_setting_note(search, "nas:sampler", f"a sampler ({', '.join(SAMPLERS)})",
+                                                    f"--sampler {chosen}"))
+    elif stored is not None and stored != chosen:
         if search.config.sampler is None:  # not asked for: the study goes on as it was begun
             search.notes.append(f"study {name!r} was searched with --sampler {stored}; it continues with it "
                                 f"(--sampler {chosen} switches)")
@@ -241,12 +254,47 @@ def keep_sampler(search: Search) -> None:
 
 def keep_replicates_policy(search: Search) -> None:
     """A study keeps the replicates policy it was begun with: a resumed search with another ``--replicates``
-    continues under the stored one and says so (switching mid-study would mix two allocations' seeds)."""
+    continues under the stored one and says so (switching mid-study would mix two allocations' seeds). A stored
+    value that names no policy is said, and the policy the study's trials show (or ``--replicates``) replaces it."""
+    held = search.study.user_attrs.get("nas:replicates")
     stored = stored_replicates(search.study)
+    if held is not None and held not in REPLICATES:
+        search.notes.append(unreadable_setting_note(search, "nas:replicates", f"a policy ({', '.join(REPLICATES)})",
+                                                    f"--replicates {stored or search.config.replicates}"))
     if stored is None:
         search.study.set_user_attr("nas:replicates", search.config.replicates)
-    elif stored != search.config.replicates:
+        return
+    if held != stored:
+        search.study.set_user_attr("nas:replicates", stored)
+    if stored != search.config.replicates:
         search.notes.append(f"study {search.config.study_name!r} was begun with --replicates {stored}; it continues "
                             f"with it, not {search.config.replicates} (a new --study-name starts a study with "
                             f"{search.config.replicates})")
         search.config = replace(search.config, replicates=stored)
+
+
+# the option that sizes a policy's allocation: its SearchConfig field and flag
+ALLOCATION_SIZES = {"race": ("race_size", "--race-size"), "fixed": ("replicate_top", "--replicate-top")}
+
+
+def keep_allocation_size(search: Search) -> None:
+    """A study keeps the size its replicates policy was begun with (``--race-size`` of a race, ``--replicate-top``
+    of fixed replicates), stored as ``nas:race_size`` / ``nas:replicate_top``: each planning call recomputes the
+    candidates from it, so another size on resume re-planned a running race (shapes dropped from it or added with
+    fewer seeds) without a word. A resumed search with another size continues with the stored one and says so; a
+    study made before the size was stored records the one given now."""
+    if search.config.replicates not in ALLOCATION_SIZES:
+        return
+    field_name, flag = ALLOCATION_SIZES[search.config.replicates]
+    attr, given = f"nas:{field_name}", getattr(search.config, field_name)
+    held = search.study.user_attrs.get(attr)
+    if held is None:
+        search.study.set_user_attr(attr, given)
+    elif isinstance(held, bool) or not isinstance(held, int) or not 1 <= held <= MAX_ALLOCATION_SIZE:
+        search.notes.append(unreadable_setting_note(search, attr, f"a whole number 1-{MAX_ALLOCATION_SIZE:,}",
+                                                    f"{flag} {given}"))
+        search.study.set_user_attr(attr, given)
+    elif held != given:
+        search.notes.append(f"study {search.config.study_name!r} was begun with {flag} {held}; it continues with it, "
+                            f"not {given} (a new --study-name starts a study with {flag} {given})")
+        search.config = replace(search.config, **{field_name: held})
