@@ -702,3 +702,56 @@ def test_the_wrote_line_shows_the_folder_as_every_message_shows_a_path(synthetic
     assert result.exit_code == 0, result.output
     assert result.stderr.count("\n") == 1 and result.stderr.startswith(f"wrote '{tmp_path}/odd\\nname' ("), \
         result.stderr
+
+
+STOPPED_EXPORT = """
+import os, signal, sys
+import nas.hf.export as export
+import nas.hf.target as target
+
+where = sys.argv.pop(1)
+real_save, real_replace = export.save_file, target.os.replace
+
+
+def save_then_stop(*args, **kwargs):  # SIGTERM while the hidden folder is half written
+    real_save(*args, **kwargs)
+    if where == "writing":
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+class Os:  # SIGTERM as the new folder is about to take the old one's place (the user's files moved into it)
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+    def replace(self, source, destination):
+        if where == "replacing" and str(source).endswith(".tmp"):
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_replace(source, destination)
+
+
+export.save_file, target.os = save_then_stop, Os()
+from nas.cli import main
+sys.argv = ["nas", *sys.argv[1:]]
+main()
+"""
+
+
+@pytest.mark.parametrize("where", ["writing", "replacing"])
+def test_an_export_stopped_by_sigterm_leaves_no_hidden_folder_and_the_old_export_whole(synthetic, tmp_path, where):
+    """A `kill` (SIGTERM) ended `nas export` without its cleanup: the hidden `.NAME.*.tmp` folder it was writing stayed
+    beside -o. It now stops as on Ctrl-C, in one line, and puts back what it had moved."""
+    import subprocess
+    import sys
+
+    storage = f"sqlite:///{synthetic}"
+    out = tmp_path / "m"
+    first = nas("export", "--storage", storage, "--format", "hf", "-o", str(out))
+    assert first.exit_code == 0, first.output
+    (out / "tokenizer.json").write_text("{}")  # the user's own file, moved into the new folder before the swap
+    before = tree(tmp_path)
+    stopped = subprocess.run([sys.executable, "-c", STOPPED_EXPORT, where, "export", "--storage", storage, "--format",
+                              "hf", "--rank", "2", "-o", str(out), "--force"], cwd=tmp_path, capture_output=True,
+                             text=True, timeout=120, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert stopped.returncode == 130, stopped.stderr
+    assert stopped.stderr.count("\n") == 1 and "Traceback" not in stopped.stderr, stopped.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"] and tree(tmp_path) == before

@@ -15,8 +15,9 @@ from nas.cli import search, results, rules, runs, rerun, tools, space  # noqa: F
 app.add_typer(space.space_app, name="space")
 
 
-# the commands that stop on SIGTERM as on Ctrl-C (one line, exit 130): rules trains with --confirm
-STOPPED_CLEANLY = ("search", "train", "rerun", "rules")
+# the commands that stop on SIGTERM as on Ctrl-C (one line, exit 130): rules trains with --confirm; export removes
+# the hidden folder it was writing (killed, it left one beside -o)
+STOPPED_CLEANLY = ("search", "train", "rerun", "rules", "export")
 
 
 def main() -> None:

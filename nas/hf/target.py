@@ -170,7 +170,8 @@ def check_clash(tmp: Path, target: Target) -> None:
 def move_into_place(tmp: Path, target: Target) -> None:
     """Make the folder ``tmp`` the model directory ``target.path``: the user's entries (``target.kept``) are moved
     into ``tmp`` first, an existing directory is moved aside and removed after, so ``target.path`` is always the
-    old directory or the new one, whole; a failure puts everything back where it was."""
+    old directory or the new one, whole; a failure, or a stop (Ctrl-C, SIGTERM: ``nas export`` raises on both),
+    puts everything back where it was."""
     out = target.path
     check_clash(tmp, target)
     if not (out.exists() or out.is_symlink()):
@@ -185,10 +186,10 @@ def move_into_place(tmp: Path, target: Target) -> None:
         os.replace(out, aside / out.name)
         try:
             os.replace(tmp, out)
-        except OSError:
+        except BaseException:
             os.replace(aside / out.name, out)  # the old directory back where it was
             raise
-    except OSError:
+    except BaseException:
         for name in carried:  # the user's entries back into the old directory
             os.replace(tmp / name, out / name)
         shutil.rmtree(aside, ignore_errors=True)
