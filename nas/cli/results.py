@@ -24,7 +24,9 @@ ExportFormat = choices("ExportFormat", ("json", "hf", "llama"))
 @app.command()
 def studies(storage: StorageOpt = DEFAULT_STORAGE) -> None:
     """List the storage's studies: which are shape searches (what `nas best`, `nas report` and `nas export` read),
-    which hold full-scale re-runs, and which another tool made."""
+    which hold full-scale re-runs, and which another tool made. `trials`: the trials stored; `trained`: those that
+    `--trials` counts (a shape search's duplicates, and trials interrupted, killed or crashed, are stored but not
+    counted)."""
     from nas.study.storage import EmptyStorage, list_studies, make_storage
 
     try:
@@ -36,10 +38,10 @@ def studies(storage: StorageOpt = DEFAULT_STORAGE) -> None:
         return
     from rich.cells import cell_len  # columns a terminal gives the text: two for a wide (CJK) character
 
-    listed = [(printable(name), kind, n) for name, kind, n in listed]
-    width = max(cell_len(name) for name, _, _ in listed + [("study", "", 0)])
-    for name, kind, n in [("study", "kind", "trials"), *listed]:
-        typer.echo(f"{name}{' ' * (width - cell_len(name))}  {n:>6}  {kind}")
+    rows = [(printable(name), kind, n, "-" if trained is None else trained) for name, kind, n, trained in listed]
+    width = max(cell_len(name) for name, *_ in rows + [("study",)])
+    for name, kind, n, trained in [("study", "kind", "trials", "trained"), *rows]:
+        typer.echo(f"{name}{' ' * (width - cell_len(name))}  {n:>6}  {trained:>7}  {kind}")
 
 
 @app.command()

@@ -348,10 +348,21 @@ def study_kind(user_attrs: dict[str, Any]) -> str:
 SHAPE_SEARCH, NOT_A_SHAPE_SEARCH = "shape search", "not a shape search"
 
 
-def list_studies(storage: optuna.storages.BaseStorage) -> list[tuple[str, str, int]]:
-    """(name, ``study_kind``, number of trials) of every study in ``storage``, in the order it holds them."""
-    return [(s.study_name, study_kind(s.user_attrs), s.n_trials)
-            for s in optuna.get_all_study_summaries(storage, include_best_trial=False)]
+def list_studies(storage: optuna.storages.BaseStorage) -> list[tuple[str, str, int, int | None]]:
+    """(name, ``study_kind``, trials stored, trials trained) of every study in ``storage``, in the order it holds
+    them. Trained is what ``--trials`` counts (``nas.study.records.counts``: no duplicate, nothing re-queued, no
+    crash), for shape searches; None for the others, whose trials mean what their own tool says."""
+    from nas.study.records import counts
+
+    listed = []
+    for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
+        kind = study_kind(summary.user_attrs)
+        trained = None
+        if kind == SHAPE_SEARCH:
+            study_id = storage.get_study_id_from_name(summary.study_name)
+            trained = sum(1 for t in storage.get_all_trials(study_id, deepcopy=False) if counts(t))
+        listed.append((summary.study_name, kind, summary.n_trials, trained))
+    return listed
 
 
 def load_existing_study(url: str, study_name: str | None) -> optuna.Study:
