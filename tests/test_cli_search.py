@@ -320,6 +320,16 @@ def test_a_resumed_search_estimates_the_time_left_from_its_stored_trials_in_its_
         "time: estimated after each worker's first training and 4 more on this machine"
 
 
+def test_the_first_line_says_whether_the_study_is_resumed_and_how_far():
+    """The first line said neither: an option mistyped on resume (a new study) read like the resume itself."""
+    study = optuna.create_study()
+    for state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL):  # the failure has no result: not counted
+        study.add_trial(optuna.trial.create_trial(state=state, value=3.0 if state != TrialState.FAIL else None,
+                                                  intermediate_values={1: 3.0}, user_attrs={"key": "k"}))
+    assert Progress._resumed_text(SimpleNamespace(study=study)) == ", resumed: 2 trained already"
+    assert Progress._resumed_text(SimpleNamespace(study=optuna.create_study())) == ", none trained yet"
+
+
 def test_the_last_line_says_when_every_trained_trial_failed():
     """Issue 52: a search whose every trial diverged ended "holds 3 trained trials" and an answer's resolution,
     without saying that none has a score."""

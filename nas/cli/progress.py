@@ -89,11 +89,19 @@ class Progress:
                    f"{shapes} shapes "
                    f"({mode}); preset {c.preset} ({search.train.tokens} tokens/trial, {search.train.device}); "
                    f"data {printable(search.data.name)} ({len(search.data.train)} train tokens); "
-                   f"target {c.trials} trials; "
+                   f"target {c.trials} trials{self._resumed_text(search)}; "
                    f"{placement_text(search.placements)}; " + self._stored_estimate(search))
         for note in search.notes:
             self.print(f"note: {note}")
         self.notes_shown = len(search.notes)
+
+    @staticmethod
+    def _resumed_text(search: Search) -> str:
+        """``, resumed: N trained already`` when the study holds trials that ``--trials`` counts, else ``, none
+        trained yet``: the first line said neither, so an option mistyped on resume, which starts a new study, looked
+        like the resume."""
+        trained = sum(counts(t) for t in search.study.get_trials(deepcopy=False))
+        return f", resumed: {trained:,} trained already" if trained else ", none trained yet"
 
     def _stored_estimate(self, search: Search) -> str:
         """The time left from the study's own stored trials (a resumed study), else when it will be estimated."""
