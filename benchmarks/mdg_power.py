@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.draws < 10:
         parser.error(f"--draws {args.draws} is too few for an 80th percentile; give 10 or more")
     from nas.errors import UsageError
-    from nas.study.storage import load_existing_study
+    from nas.study.existing import load_existing_study
     from reports.frame import read_study
 
     try:

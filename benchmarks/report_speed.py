@@ -33,7 +33,8 @@ def run(cfg: BenchConfig) -> Figure:
     import optuna
 
     from benchmarks.synthetic_studies import SyntheticSpec, synthetic_study
-    from nas.study.storage import make_storage, open_existing_study
+    from nas.study.existing import open_existing_study
+    from nas.study.storage import make_storage
     from reports.frame import read_study
     from reports.html import write_report
 

@@ -755,3 +755,23 @@ def test_an_export_stopped_by_sigterm_leaves_no_hidden_folder_and_the_old_export
     assert stopped.returncode == 130, stopped.stderr
     assert stopped.stderr.count("\n") == 1 and "Traceback" not in stopped.stderr, stopped.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"] and tree(tmp_path) == before
+
+
+def test_a_refused_clash_removes_only_its_own_folder_beside_the_users_files_and_the_study(synthetic, tmp_path):
+    """The clash refusal removes the hidden folder it had just written (``shutil.rmtree``): in a project folder that
+    also holds the study being read, the user's notes and an older export holding a user's file named as one this
+    export writes, every file stays byte for byte and nothing else is left."""
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "base.db").write_bytes(synthetic.read_bytes())
+    (proj / "notes.txt").write_text("mine")
+    storage = f"sqlite:///{proj / 'base.db'}"
+    older = nas("export", "--storage", storage, "--rank", "baseline", "--format", "llama", "-o", str(proj / "m"))
+    assert older.exit_code == 0, older.output
+    (proj / "m" / "modeling_prism.py").write_text("# mine")  # the hf layout writes a file of this name
+    before = tree(proj)
+    refused = nas("export", "--storage", storage, "--rank", "baseline", "--format", "hf", "-o", str(proj / "m"),
+                  "--force")
+    assert refused.exit_code == 2 and "holds 'modeling_prism.py', which no export wrote there" in refused.stderr
+    assert tree(proj) == before
+    assert sorted(p.name for p in proj.iterdir()) == ["base.db", "m", "notes.txt"]

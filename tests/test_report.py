@@ -372,7 +372,7 @@ def test_training_curves_and_attention_distances_are_compared_on_common_seeds():
 def test_rules_with_too_few_shapes_draw_no_empty_effect_figure_and_no_fitted_line(tmp_path):
     """On a study of three shapes no rule has a number: the effect figure was a pair of empty axes, and the partial
     residuals drew a 'fitted effect' that was an exact line through the points."""
-    from nas.study.storage import load_existing_study
+    from nas.study.existing import load_existing_study
     from reports.rules import rules_section
 
     storage = f"sqlite:///{tmp_path / 'three.db'}"

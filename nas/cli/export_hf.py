@@ -97,7 +97,7 @@ def export_model_dir(study_name: str | None, storage: str, rank_text: str | None
     row, data_name, context = None, None, DEFAULT_CONTEXT
     if study_name is not None or run is None or rank is not None:  # --rank reads a study: the named or the only one
         from nas.cli.skipped import warn_skipped
-        from nas.study.storage import open_existing_study
+        from nas.study.existing import open_existing_study
         from reports.export import export_rows
         from reports.frame import read_study
 

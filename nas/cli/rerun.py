@@ -237,7 +237,7 @@ def rerun(
     and resumes unfinished ones."""
     from nas.rerun.plan import plan_shapes
     from nas.stats.comparisons import kendall_tau
-    from nas.study.storage import open_existing_study
+    from nas.study.existing import open_existing_study
     from reports.frame import read_study
     from reports.reruns import board_ranks, read_reruns
 

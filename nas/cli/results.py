@@ -27,7 +27,8 @@ def studies(storage: StorageOpt = DEFAULT_STORAGE) -> None:
     which hold full-scale re-runs, and which another tool made. `trials`: the trials stored; `trained`: those that
     `--trials` counts (a shape search's duplicates, and trials interrupted, killed or crashed, are stored but not
     counted)."""
-    from nas.study.storage import EmptyStorage, list_studies, make_storage
+    from nas.study.existing import list_studies
+    from nas.study.storage import EmptyStorage, make_storage
 
     try:
         listed = list_studies(make_storage(storage, read_only=True))
@@ -56,7 +57,7 @@ def best(
     replicates; the paired t interval on common seeds after a race or fixed replicates), the loss on the seeds the
     baseline trained too, the seed-adjusted loss, whether it is tied with the best, parameters, tokens/s. JSON rows are
     valid `nas train --config` files."""
-    from nas.study.storage import load_existing_study
+    from nas.study.existing import load_existing_study
     from reports.export import export_rows
     from reports.frame import read_study
     from reports.leaderboard import expected_gain_text
@@ -132,7 +133,7 @@ def report(
 ) -> None:
     """Write one self-contained HTML page: summary, leaderboard, staircases, width-depth curves, search dynamics,
     training curves, attention distances and full-scale re-runs. Safe while a search writes the study."""
-    from nas.study.storage import open_existing_study
+    from nas.study.existing import open_existing_study
     from reports.frame import read_study
     from reports.html import write_report
     from reports.reruns import read_reruns
@@ -191,7 +192,7 @@ def export(
         return
     if rank is not None or checkpoint is not None or force:
         raise UsageError("--rank, --checkpoint and --force go with --format hf or llama (a model directory)")
-    from nas.study.storage import load_existing_study
+    from nas.study.existing import load_existing_study
     from reports.export import export_rows
     from reports.frame import read_study
 

@@ -100,8 +100,8 @@ def rules(
     """The design rules the study's runs resolve: each rule's effect with its 95 % interval (across shapes, not runs),
     its minimum detectable effect and a verdict (resolved, not resolved, confounded); with --confirm, the same rules
     at a longer budget and whether each held, shrank or reversed. Reads the storage only, unless --confirm."""
+    from nas.study.existing import open_existing_study
     from nas.study.signals import raise_if_stopped
-    from nas.study.storage import open_existing_study
     from reports.frame import read_study
     from reports.reruns import read_reruns
 

@@ -221,10 +221,9 @@ def stored_replicates(study: optuna.Study) -> str | None:
     return found.pop() if len(found) == 1 else None
 
 
-def unreadable_setting_note(search: Search, attr: str, valid: str, used: str) -> str:
+def unreadable_setting_note(search: Search, attr: str, held: object, valid: str, used: str) -> str:
     """The note for a study attribute that holds no valid setting (edited by hand, or written by another tool):
     what it holds (its repr, cut at 60 characters), what would be ``valid``, and what the search goes on with."""
-    held = search.study.user_attrs.get(attr)
     return (f"study {search.config.study_name!r} holds {attr} = {printable(repr(held)[:60])}, which is not {valid}; "
             f"it goes on with {used} and stores that")
 
@@ -238,8 +237,8 @@ def keep_sampler(search: Search) -> None:
     chosen = sampler_name(search.config)
     name = search.config.study_name
     if stored is not None and stored not in SAMPLERS:
-        search.notes.append(unreadable_setting_note(search, "nas:sampler", f"a sampler ({', '.join(SAMPLERS)})",
-                                                    f"--sampler {chosen}"))
+        search.notes.append(unreadable_setting_note(search, "nas:sampler", stored,
+                                                    f"a sampler ({', '.join(SAMPLERS)})", f"--sampler {chosen}"))
     elif stored is not None and stored != chosen:
         if search.config.sampler is None:  # not asked for: the study goes on as it was begun
             search.notes.append(f"study {name!r} was searched with --sampler {stored}; it continues with it "
@@ -259,7 +258,8 @@ def keep_replicates_policy(search: Search) -> None:
     held = search.study.user_attrs.get("nas:replicates")
     stored = stored_replicates(search.study)
     if held is not None and held not in REPLICATES:
-        search.notes.append(unreadable_setting_note(search, "nas:replicates", f"a policy ({', '.join(REPLICATES)})",
+        search.notes.append(unreadable_setting_note(search, "nas:replicates", held,
+                                                    f"a policy ({', '.join(REPLICATES)})",
                                                     f"--replicates {stored or search.config.replicates}"))
     if stored is None:
         search.study.set_user_attr("nas:replicates", search.config.replicates)
@@ -291,7 +291,7 @@ def keep_allocation_size(search: Search) -> None:
     if held is None:
         search.study.set_user_attr(attr, given)
     elif isinstance(held, bool) or not isinstance(held, int) or not 1 <= held <= MAX_ALLOCATION_SIZE:
-        search.notes.append(unreadable_setting_note(search, attr, f"a whole number 1-{MAX_ALLOCATION_SIZE:,}",
+        search.notes.append(unreadable_setting_note(search, attr, held, f"a whole number 1-{MAX_ALLOCATION_SIZE:,}",
                                                     f"{flag} {given}"))
         search.study.set_user_attr(attr, given)
     elif held != given:
