@@ -6,7 +6,6 @@ import itertools
 import random
 import subprocess
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -98,10 +97,14 @@ def test_iteration_streams():
     assert first[0] == space.baseline() and all(space.contains(a) for a in first)
 
 
-def test_count_is_instant_for_128_layers():
-    start = time.perf_counter()
+def test_count_is_instant_for_128_layers(monkeypatch):
+    def listing_refused(*args, **kwargs):
+        raise AssertionError("listed the schedules to count them")
+
+    # counted by the plateau-composition recurrence alone: listing 10^8 and more schedules would take hours
+    monkeypatch.setattr(PrismSpace, "schedules", listing_refused)
+    monkeypatch.setattr(PrismSpace, "_compositions", listing_refused)
     counts = [PrismSpace(128, 8192, 64).count(), PrismSpace(128, 8192, 64, min_plateau=1, max_plateau=64).count()]
-    assert time.perf_counter() - start < 1.0
     assert counts[0] > 0 and counts[1] > counts[0]
 
 
