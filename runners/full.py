@@ -240,7 +240,7 @@ def _run(arch: ArchConfig, cfg: TrainConfig, data: TokenData, options: RunOption
     if processes.world > 1:
         wrapped = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None)
-    forward = compile_model(model, wrapped) if cfg.compile else wrapped
+    forward = compile_model(model, wrapped, seq_len=cfg.seq_len, dtype=cfg.dtype) if cfg.compile else wrapped
     if out is not None:  # made once training can start: a run refused or failed before it leaves no folder
         try:
             out.mkdir(parents=True, exist_ok=True)

@@ -73,7 +73,7 @@ EVAL_LOGITS = 2**24  # 64 MB in fp32
 
 
 def compile_model(model: Transformer, module: torch.nn.Module | None = None,
-                  backend: str | Callable = "inductor") -> Callable:
+                  backend: str | Callable = "inductor", seq_len: int = 0, dtype: str = "fp32") -> Callable:
     """``torch.compile`` of ``model`` as a trial (and a full run) compiles it: its plain-PyTorch ops, from empty
     Dynamo caches.
 
@@ -83,7 +83,9 @@ def compile_model(model: Transformer, module: torch.nn.Module | None = None,
     - ``torch._dynamo.reset()``: a worker compiles a new schedule every trial, and Dynamo guards on each layer's
       head count, so each schedule is a recompile of the same ``Transformer.forward``; past
       ``recompile_limit`` (8) the later trials would run eager without a word. Each trial starts from empty
-      caches instead (Inductor's on-disk cache still serves a schedule compiled before).
+      caches instead (Inductor's on-disk cache still serves a schedule compiled before);
+    - the RoPE tables built for ``seq_len`` positions at the run's ``dtype`` before the first call: grown inside it,
+      they failed the guard Dynamo put on their size, and every compiled run compiled its forward twice.
 
     ``module`` is what is compiled when it is not ``model`` itself (a full run's DDP wrapper of it).
     """
@@ -91,6 +93,8 @@ def compile_model(model: Transformer, module: torch.nn.Module | None = None,
 
     torch._dynamo.reset()
     model.use_reference_ops()
+    if seq_len:
+        model.fill_rotary_tables(seq_len, torch.bfloat16 if dtype == "bf16" else torch.float32)
     return torch.compile(model if module is None else module, backend=backend)
 
 
@@ -264,7 +268,7 @@ def _train(model: Transformer, cfg: TrainConfig, data: TokenData, val: list, dev
     result.build_time_s += time.perf_counter() - building
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_multiplier(s, steps, cfg.warmup_frac, cfg.min_lr_ratio))
-    forward = compile_model(model) if cfg.compile else model
+    forward = compile_model(model, seq_len=cfg.seq_len, dtype=cfg.dtype) if cfg.compile else model
     sampler = BatchSampler(data.train, cfg.batch_size, cfg.seq_len, cfg.seed)
     eval_interval = max(1, cfg.eval_every // cfg.tokens_per_step)
     # intermediate evaluations read the first batches of the same spread windows (themselves spread over the

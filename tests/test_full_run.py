@@ -282,7 +282,8 @@ def test_corrupt_truncated_foreign_and_crafted_checkpoints_are_refused_by_name(t
 
 
 def test_compile_traces_the_plain_ops_without_graph_breaks_and_trains_like_eager(tmp_path):
-    """--compile uses the model's plain-PyTorch ops (the CPU kernels' ctypes calls would break the graph)."""
+    """--compile uses the model's plain-PyTorch ops (the CPU kernels' ctypes calls would break the graph), and
+    compiles the forward once."""
     import torch._dynamo
 
     from nas.data import load_data
@@ -299,6 +300,8 @@ def test_compile_traces_the_plain_ops_without_graph_breaks_and_trains_like_eager
     torch._dynamo.utils.counters.clear()
     compiled = run_full(arch, cfg.with_(compile=True), data, RunOptions(progress=False))
     assert dict(torch._dynamo.utils.counters["graph_break"]) == {}
+    # compiled once: the RoPE tables, first grown inside the compiled forward, made the second call compile it again
+    assert torch._dynamo.utils.counters["frames"]["total"] == 1, dict(torch._dynamo.utils.counters["frames"])
     assert compiled["status"] == "ok" and abs(compiled["val_loss"] - eager["val_loss"]) < 1e-3
     for (_, a), (_, b) in zip(eager["train_curve"], compiled["train_curve"]):
         assert abs(a - b) < 1e-3

@@ -302,6 +302,14 @@ class Transformer(nn.Module):
                 module.reference_ops = flag
         return self
 
+    def fill_rotary_tables(self, seq_len: int, dtype: torch.dtype) -> None:
+        """Every RoPE table built now for ``seq_len`` positions in ``dtype`` (the attention's compute dtype: bf16
+        under bf16 autocast), on the model's device. A table first grown inside a compiled forward is a buffer
+        Dynamo guards on: the second call compiled the whole forward again (``runners.proxy.compile_model``)."""
+        device = self.embed.weight.device
+        for rotary in self.rotaries:
+            rotary.table(seq_len, device, dtype)
+
     @torch.no_grad()
     def reset_parameters(self) -> None:
         residual_std = INIT_STD / math.sqrt(self.arch.n_layers * (1 + self.arch.ffn.k))
