@@ -709,23 +709,23 @@ import os, signal, sys
 import nas.hf.export as export
 import nas.hf.target as target
 
-where = sys.argv.pop(1)
+where, stop_signal = sys.argv.pop(1), getattr(signal, sys.argv.pop(1))
 real_save, real_replace = export.save_file, target.os.replace
 
 
-def save_then_stop(*args, **kwargs):  # SIGTERM while the hidden folder is half written
+def save_then_stop(*args, **kwargs):  # the signal while the hidden folder is half written
     real_save(*args, **kwargs)
     if where == "writing":
-        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), stop_signal)
 
 
-class Os:  # SIGTERM as the new folder is about to take the old one's place (the user's files moved into it)
+class Os:  # the signal as the new folder is about to take the old one's place (the user's files moved into it)
     def __getattr__(self, name):
         return getattr(os, name)
 
     def replace(self, source, destination):
         if where == "replacing" and str(source).endswith(".tmp"):
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), stop_signal)
         return real_replace(source, destination)
 
 
@@ -736,25 +736,49 @@ main()
 """
 
 
-@pytest.mark.parametrize("where", ["writing", "replacing"])
-def test_an_export_stopped_by_sigterm_leaves_no_hidden_folder_and_the_old_export_whole(synthetic, tmp_path, where):
-    """A `kill` (SIGTERM) ended `nas export` without its cleanup: the hidden `.NAME.*.tmp` folder it was writing stayed
-    beside -o. It now stops as on Ctrl-C, in one line, and puts back what it had moved."""
-    import subprocess
-    import sys
-
+@pytest.mark.parametrize("where, stop_signal", [("writing", "SIGTERM"), ("replacing", "SIGTERM"),
+                                                ("writing", "SIGHUP"), ("replacing", "SIGHUP")])
+def test_an_export_stopped_by_sigterm_or_a_hangup_leaves_no_hidden_folder_and_the_old_export_whole(
+        synthetic, tmp_path, where, stop_signal):
+    """A `kill` (SIGTERM) or a closed terminal (SIGHUP) ended `nas export` without its cleanup: the hidden
+    `.NAME.*.tmp` folder it was writing stayed beside -o. It now stops as on Ctrl-C, in one line, and puts back what
+    it had moved."""
     storage = f"sqlite:///{synthetic}"
     out = tmp_path / "m"
     first = nas("export", "--storage", storage, "--format", "hf", "-o", str(out))
     assert first.exit_code == 0, first.output
     (out / "tokenizer.json").write_text("{}")  # the user's own file, moved into the new folder before the swap
     before = tree(tmp_path)
-    stopped = subprocess.run([sys.executable, "-c", STOPPED_EXPORT, where, "export", "--storage", storage, "--format",
-                              "hf", "--rank", "2", "-o", str(out), "--force"], cwd=tmp_path, capture_output=True,
-                             text=True, timeout=120, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    stopped = stopped_export(tmp_path, where, stop_signal, storage, out)
     assert stopped.returncode == 130, stopped.stderr
     assert stopped.stderr.count("\n") == 1 and "Traceback" not in stopped.stderr, stopped.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"] and tree(tmp_path) == before
+
+
+def stopped_export(cwd: Path, where: str, stop_signal: str, storage: str, out: Path, hangup_ignored: bool = False):
+    """``nas export --rank 2 -o out --force`` sent ``stop_signal`` by itself at ``where`` (``STOPPED_EXPORT``);
+    ``hangup_ignored`` starts it as ``nohup`` does."""
+    import signal
+    import subprocess
+    import sys
+
+    def ignore_hangup() -> None:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    return subprocess.run([sys.executable, "-c", STOPPED_EXPORT, where, stop_signal, "export", "--storage", storage,
+                           "--format", "hf", "--rank", "2", "-o", str(out), "--force"], cwd=cwd, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONWARNINGS": "ignore"},
+                          preexec_fn=ignore_hangup if hangup_ignored else None)
+
+
+def test_an_export_started_with_nohup_ignores_a_hangup_and_finishes(synthetic, tmp_path):
+    """``nohup nas export ...``: the hangup the user asked to ignore stays ignored, and the export is written whole."""
+    storage = f"sqlite:///{synthetic}"
+    out = tmp_path / "m"
+    finished = stopped_export(tmp_path, "writing", "SIGHUP", storage, out, hangup_ignored=True)
+    assert finished.returncode == 0, finished.stderr
+    assert finished.stderr.startswith(f"wrote '{out}' (") and finished.stderr.count("\n") == 1, finished.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"] and (out / "config.json").exists()
 
 
 def test_a_refused_clash_removes_only_its_own_folder_beside_the_users_files_and_the_study(synthetic, tmp_path):

@@ -18,6 +18,10 @@ app.add_typer(space.space_app, name="space")
 # the commands that stop on SIGTERM as on Ctrl-C (one line, exit 130): rules trains with --confirm; export removes
 # the hidden folder it was writing (killed, it left one beside -o)
 STOPPED_CLEANLY = ("search", "train", "rerun", "rules", "export")
+# the commands that stop on SIGHUP (a closed terminal) as on SIGTERM: export, which a hangup's default death left
+# with its hidden folder beside -o. The others need nothing: a search's trials are re-queued by the next search, a
+# re-run's child dies with it and resumes from its checkpoint
+STOPPED_ON_HANGUP = ("export",)
 
 
 def main() -> None:
@@ -41,6 +45,10 @@ def main() -> None:
             from nas.study.signals import interruptible
 
             interruptible()
+        if len(sys.argv) > 1 and sys.argv[1] in STOPPED_ON_HANGUP:
+            from nas.study.signals import stop_on_hangup
+
+            stop_on_hangup()
         app()
     except KeyboardInterrupt:  # before the command runs (the app is still being built) or after it returned
         print(INTERRUPTED_LINE, file=sys.stderr)

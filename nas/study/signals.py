@@ -137,6 +137,18 @@ def interruptible(once: bool = False) -> None:
     quiet_swallowed_stops()
 
 
+def _hung_up(signum: int, frame: Any) -> None:
+    raise Terminated(f"signal {signum}")
+
+
+def stop_on_hangup() -> None:
+    """Make SIGHUP (the terminal closed, an ssh session dropped) raise ``Terminated``, as SIGTERM does: the command
+    cleans up and stops in one line instead of dying where it stood. A hangup ignored when the process started
+    (``nohup``) stays ignored; off the main thread (where Python delivers no signal) nothing changes."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGHUP) is signal.SIG_DFL:
+        signal.signal(signal.SIGHUP, _hung_up)
+
+
 @contextmanager
 def interrupts_deferred() -> Iterator[None]:
     """Hold SIGINT and SIGTERM while the block runs; deliver the first one that came, as it came, when it ends.
