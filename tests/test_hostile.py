@@ -492,6 +492,14 @@ def test_the_same_command_on_changed_data_says_it_starts_a_new_study_beside_the_
     assert again.exit_code == 0, again.output
     (note,) = [line for line in again.stderr.splitlines() if "a new study" in line]
     assert "has the same options on other data (--data " in note and "give that data to resume it" in note, note
+    # changed once more: the note named the first study found, the oldest, not the one this command just resumed
+    second = note.split("a new study ", 1)[1].split(":", 1)[0]
+    corpus.write_text("a corpus of my own, edited twice\n" * 2000)
+    third = CliRunner().invoke(app, args)
+    assert third.exit_code == 0, third.output
+    (note,) = [line for line in third.stderr.splitlines() if "a new study" in line]
+    assert f"the storage's {second} has the same options" in note, note
+    assert note.endswith("give that data to resume it (1 older study there on other data too)"), note
 
 
 def test_a_study_keeps_its_replicates_policy_when_resumed_with_another(tmp_path):

@@ -91,15 +91,20 @@ def differences(stored: Any, given: Any, path: str = "") -> list[tuple[str, Any,
 
 def other_data_note(storage: optuna.storages.BaseStorage, ident: dict[str, Any], name: str) -> list[str]:
     """A new default-named study beside one with the same options on other data (the data file changed, or another
-    was given): the same command then starts afresh, since the default name hashes the data, and said nothing."""
-    for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
-        stored = summary.user_attrs.get("nas:identity")
-        if summary.study_name != name and isinstance(stored, dict) and \
-                [path for path, _, _ in differences(stored, ident)] == ["data"]:
-            made_on = summary.user_attrs.get("nas:data", "other data")
-            return [f"a new study {name!r}: the storage's {summary.study_name!r} has the same options on other data "
-                    f"(--data {made_on!r}, or that file before it changed); give that data to resume it"]
-    return []
+    was given): the same command then starts afresh, since the default name hashes the data, and said nothing.
+    Where several such studies are stored (the file changed more than once), the note names the newest one, the
+    study this command resumed until the data changed, and counts the others."""
+    matching = [summary for summary in optuna.get_all_study_summaries(storage, include_best_trial=False)
+                if summary.study_name != name and isinstance(stored := summary.user_attrs.get("nas:identity"), dict)
+                and [path for path, _, _ in differences(stored, ident)] == ["data"]]
+    if not matching:
+        return []
+    newest = max(matching, key=lambda summary: summary._study_id)  # ids grow as studies are created
+    made_on = newest.user_attrs.get("nas:data", "other data")
+    older = len(matching) - 1
+    others = f" ({older} older stud{'ies' if older > 1 else 'y'} there on other data too)" if older else ""
+    return [f"a new study {name!r}: the storage's {newest.study_name!r} has the same options on other data "
+            f"(--data {made_on!r}, or that file before it changed); give that data to resume it{others}"]
 
 
 def _short(value: Any) -> str:
