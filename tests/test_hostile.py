@@ -571,6 +571,11 @@ def test_a_resumed_study_keeps_its_sampler_unless_another_is_named_and_says_so(t
     assert optuna.load_study(study_name="s", storage=storage).user_attrs["nas:sampler"] == "tpe"
     same = CliRunner().invoke(app, with_trials(tiny_search(tmp_path, "--sampler", "tpe"), 3))
     assert same.exit_code == 0 and "--sampler" not in same.stderr, same.output
+    # a switch on a study that has its trials trains nothing: stored, the next plain resume went on with it
+    idle = CliRunner().invoke(app, with_trials(tiny_search(tmp_path, "--sampler", "random"), 3))
+    assert idle.exit_code == 0, idle.output
+    assert "has its 3 trials: --sampler random proposes none, and the study keeps --sampler tpe" in idle.stderr
+    assert optuna.load_study(study_name="s", storage=storage).user_attrs["nas:sampler"] == "tpe"
 
 
 def test_inspecting_a_storage_never_releases_the_locks_this_process_holds_on_it(tmp_path):

@@ -18,6 +18,7 @@ from nas.data import TokenData, check_enough_tokens, check_vocabulary, load_data
 from nas.errors import UsageError, printable
 from nas.study.config import MAX_ALLOCATION_SIZE, OBJECTIVES, REPLICATES, SAMPLERS, SearchConfig
 from nas.study.identity import check_identity, identity, other_data_note, study_name, train_config
+from nas.study.records import counts
 from nas.study.storage import make_storage
 from runners.config import TrainConfig
 from runners.presets import get_preset
@@ -232,7 +233,8 @@ def keep_sampler(search: Search) -> None:
     """A resumed study keeps the sampler it was searched with unless ``--sampler`` names another; either way a change
     is said. Optuna stores no sampler with a study, so ``nas:sampler`` records the one in use. Switching is legitimate
     (each proposal reads the whole study), but without a note a user who resumed with other options would not know
-    which sampler proposed the trials. A stored value that names no sampler is said and replaced."""
+    which sampler proposed the trials. A stored value that names no sampler is said and replaced. A switch asked for
+    on a study that already has its ``--trials`` is said and not stored: that sampler proposes nothing."""
     stored = search.study.user_attrs.get("nas:sampler")
     chosen = sampler_name(search.config)
     name = search.config.study_name
@@ -244,6 +246,12 @@ def keep_sampler(search: Search) -> None:
             search.notes.append(f"study {name!r} was searched with --sampler {stored}; it continues with it "
                                 f"(--sampler {chosen} switches)")
             search.config = replace(search.config, sampler=stored)
+            return
+        if sum(counts(t) for t in search.study.get_trials(deepcopy=False)) >= search.config.trials:
+            # nothing left to train: stored, the switch made the next plain resume go on with a sampler that had
+            # proposed nothing
+            search.notes.append(f"study {name!r} has its {search.config.trials} trials: --sampler {chosen} "
+                                f"proposes none, and the study keeps --sampler {stored}")
             return
         search.notes.append(f"study {name!r} was searched with --sampler {stored} so far; {chosen} proposes "
                             "its trials from here on")
