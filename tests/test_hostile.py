@@ -604,3 +604,25 @@ def test_inspecting_a_storage_never_releases_the_locks_this_process_holds_on_it(
     finally:
         reader.execute("ROLLBACK")
         reader.close()
+
+
+@pytest.mark.parametrize("attr, value, why", [("key", "5", "'key' is 5, not a string"),
+                                              ("role", "7", "'role' is 7, not a string"),
+                                              ("arch", '"nope"', "'arch' is not a shape")])
+def test_a_resumed_search_says_which_counted_trial_no_report_can_read(tiny_study, tmp_path, attr, value, why):
+    """A trained trial whose shape attributes were edited into nonsense counted toward --trials without a word, while
+    `nas best` and `nas report` skip it with a warning: the resumed search now says so in a note."""
+    path = tmp_path / "nas.db"
+    with closing(sqlite3.connect(path)) as db, db:
+        (trial_id,) = db.execute("SELECT trial_id FROM trials WHERE number = 1").fetchone()
+        db.execute("UPDATE trial_user_attributes SET value_json = ? WHERE trial_id = ? AND key = ?",
+                   (value, trial_id, attr))
+    resumed = CliRunner().invoke(app, ["search", "--preset", "tiny", "--trials", "4", "--storage", tiny_study,
+                                       "--study-name", "proxy", "--workers", "1", "--threads", "1"])
+    assert resumed.exit_code == 0, resumed.output
+    (note,) = [line for line in resumed.stderr.splitlines() if "no report can read" in line]
+    assert note.startswith("note: trial #1 of study 'proxy' counts toward --trials, but no report can read it: "
+                           f"the stored attribute {why}"), note
+    assert note.endswith("nas best and nas report skip it"), note
+    best = CliRunner().invoke(app, ["best", "--storage", tiny_study, "--study-name", "proxy"])
+    assert f"warning: trial #1 skipped: its stored attribute {why}" in best.stderr, best.output

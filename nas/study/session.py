@@ -18,7 +18,7 @@ from nas.data import TokenData, check_enough_tokens, check_vocabulary, load_data
 from nas.errors import UsageError, printable
 from nas.study.config import MAX_ALLOCATION_SIZE, OBJECTIVES, REPLICATES, SAMPLERS, SearchConfig
 from nas.study.identity import check_identity, identity, other_data_note, study_name, train_config
-from nas.study.records import counts
+from nas.study.records import counts, unreadable_attr
 from nas.study.storage import make_storage
 from runners.config import TrainConfig
 from runners.presets import get_preset
@@ -177,7 +177,25 @@ def open_search(config: SearchConfig, worker: int = 0, create: bool = True) -> S
     keep_replicates_policy(search)
     keep_allocation_size(search)
     keep_sampler(search)
+    if not created and worker == 0:
+        search.notes.extend(unreadable_counted_note(study))
     return search
+
+
+def unreadable_counted_note(study: optuna.Study) -> list[str]:
+    """A note on the trained trials that count toward ``--trials`` but that no reader can read
+    (``nas.study.records.unreadable_attr``: a storage edited by hand, or written by another tool): the search
+    counted them silently, and ``nas best`` and ``nas report`` skip them, each with a warning."""
+    trials = study.get_trials(deepcopy=False)
+    found = [(t.number, problem) for t in trials if counts(t) and (problem := unreadable_attr(t, len(trials)))]
+    if not found:
+        return []
+    number, (name, why) = found[0]
+    which = f"trial #{number}" if len(found) == 1 else f"{len(found)} trials (the first, #{number})"
+    return [f"{which} of study {study.study_name!r} count{'s' * (len(found) == 1)} toward --trials, but no report "
+            f"can read {'it' if len(found) == 1 else 'them'}: the stored attribute {name!r} {why} (edited by hand, "
+            "or written by another tool?); nas best and nas report skip "
+            f"{'it' if len(found) == 1 else 'them'}"]
 
 
 REPLICATES_ROLES = {"race": "race", "confirm": "race", "replicate": "fixed", "adaptive": "adaptive",
