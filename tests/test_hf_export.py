@@ -582,6 +582,17 @@ def test_export_a_study_row_fresh_and_a_trained_checkpoint_with_its_weights(runs
     ranked = nas("export", "--storage", storage, "--checkpoint", str(root / "best"), "--rank", "1", "--format", "hf",
                  "-o", str(tmp_path / "ranked"))  # the storage's only study, as --study-name's help says
     assert ranked.exit_code == 0 and "row 1 of study 's'" in ranked.stderr, ranked.output
+    # the storage that --rank reads, kept by the user inside that export's folder: --force must not replace it (the
+    # read was not checked without --study-name, and the file was carried into the new folder as a user's own)
+    from search_helpers import copy_study
+
+    inside = copy_study(root / "nas.db", tmp_path / "ranked" / "nas.db")
+    before = tree(tmp_path / "ranked")
+    again = nas("export", "--storage", inside, "--checkpoint",
+                str(root / "best"), "--rank", "1", "--format", "hf", "-o", str(tmp_path / "ranked"), "--force")
+    assert again.exit_code == 2 and "which this command reads: --force never replaces it" in again.stderr, \
+        again.output
+    assert tree(tmp_path / "ranked") == before
 
     baseline = next(r for r in json.loads((root / "best.json").read_text()) if r["is_baseline"])
     llama = nas("export", "--storage", storage, "--rank", "baseline", "--format", "llama", "-o",

@@ -88,14 +88,15 @@ def export_model_dir(study_name: str | None, storage: str, rank_text: str | None
     from nas.hf.target import check_target
 
     reads = [checkpoint] if checkpoint is not None else []
-    if study_name is not None or checkpoint is None:
+    reads_study = study_name is not None or checkpoint is None or rank is not None  # --rank reads the only study
+    if reads_study:
         from nas.study.storage import storage_file
 
         reads += [path for path in (storage_file(storage),) if path is not None]
     check_target(output, force, reads)  # before any reading: a refused target costs nothing
     run = read_run(checkpoint) if checkpoint is not None else None
     row, data_name, context = None, None, DEFAULT_CONTEXT
-    if study_name is not None or run is None or rank is not None:  # --rank reads a study: the named or the only one
+    if reads_study:  # --rank reads a study: the named or the only one
         from nas.cli.skipped import warn_skipped
         from nas.study.existing import open_existing_study
         from reports.export import export_rows
