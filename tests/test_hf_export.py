@@ -706,6 +706,19 @@ def test_the_default_row_is_the_answers_pick_even_where_the_board_ranks_it_lower
     assert pick_row(data, [{**r, "is_answer_pick": False} for r in rows], None, None)["rank"] == 1
 
 
+@pytest.mark.parametrize("name", ["m" * 255, "m" * 242, "é" * 127], ids=["255-bytes", "242-bytes", "254-bytes-utf8"])
+def test_a_folder_name_of_up_to_255_bytes_is_written_and_replaced(synthetic, tmp_path, monkeypatch, name):
+    """A name of 242-255 bytes is a valid folder, but its hidden sibling ``.NAME.XXXXXXXX.tmp`` was not: the export
+    was refused as "too long for this file system". The hidden names are cut to fit; nothing is left beside it."""
+    monkeypatch.chdir(tmp_path)
+    storage = f"sqlite:///{synthetic}"
+    first = nas("export", "--storage", storage, "--format", "hf", "-o", name)
+    assert first.exit_code == 0, first.output
+    again = nas("export", "--storage", storage, "--format", "hf", "--rank", "2", "-o", name, "--force")  # .old aside
+    assert again.exit_code == 0, again.output
+    assert [p.name for p in tmp_path.iterdir()] == [name] and (tmp_path / name / "config.json").exists()
+
+
 def test_the_wrote_line_shows_the_folder_as_every_message_shows_a_path(synthetic, tmp_path, monkeypatch):
     """`wrote ...` printed -o unquoted: a name holding a newline split the line in two."""
     monkeypatch.chdir(tmp_path)

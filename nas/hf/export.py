@@ -35,7 +35,7 @@ from nas.arch import ArchConfig
 from nas.errors import UsageError
 from nas.hf.card import Provenance, model_card
 from nas.hf.mapping import PRISM_FILES, hf_state_dict, llama_config, llama_refusal, prism_config
-from nas.hf.target import MANIFEST, check_clash, check_target, manifest_text, move_into_place
+from nas.hf.target import MANIFEST, check_clash, check_target, hidden_prefix, manifest_text, move_into_place
 from nas.model.transformer import Transformer
 
 FORMATS = {"hf": "prism", "llama": "llama"}  # --format -> layout
@@ -100,7 +100,7 @@ def write_model_dir(arch: ArchConfig, out: Path, fmt: str = "hf", provenance: Pr
     config: dict[str, Any] = prism_config(arch, context) if layout == "prism" else llama_config(arch, context)
     tmp = None
     try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=hidden_prefix(out), suffix=".tmp", dir=out.parent))
         _write(tmp / "config.json", json.dumps(config, indent=2) + "\n")
         save_file(state, tmp / WEIGHTS, metadata={"format": "pt"})
         _write(tmp / "README.md", model_card(arch, layout, provenance))

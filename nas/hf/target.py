@@ -167,6 +167,17 @@ def check_clash(tmp: Path, target: Target) -> None:
                          "would write: move it away or give a new folder")
 
 
+NAME_MAX = 255  # bytes in one name: Linux's file systems (ext4, xfs, btrfs, tmpfs) and macOS's APFS
+
+
+def hidden_prefix(out: Path) -> str:
+    """``.NAME.``, the prefix of the hidden folders written beside ``out`` (``tempfile.mkdtemp`` adds 8 characters
+    and ``.tmp`` or ``.old``), with NAME cut to the bytes that leave the whole name within ``NAME_MAX``: a folder
+    name of 242-255 bytes, valid itself, was refused as too long for its hidden sibling's."""
+    room = NAME_MAX - len(".") - len(".") - 8 - len(".tmp")
+    return f".{os.fsdecode(os.fsencode(out.name)[:room])}."
+
+
 def move_into_place(tmp: Path, target: Target) -> None:
     """Make the folder ``tmp`` the model directory ``target.path``: the user's entries (``target.kept``) are moved
     into ``tmp`` first, an existing directory is moved aside and removed after, so ``target.path`` is always the
@@ -178,7 +189,7 @@ def move_into_place(tmp: Path, target: Target) -> None:
         os.replace(tmp, out)
         return
     carried: list[str] = []
-    aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+    aside = Path(tempfile.mkdtemp(prefix=hidden_prefix(out), suffix=".old", dir=out.parent))
     try:
         for name in target.kept:
             os.replace(out / name, tmp / name)
