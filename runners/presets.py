@@ -37,10 +37,10 @@ class GpuEstimate:
     Dynamo's caches): 54.6-57.4 s a schedule there (Dynamo, AOT autograd and Inductor's Triton code on 4
     compile threads), the slowest taken. That figure holds two compiles: the RoPE tables grew inside the first
     call and the second compiled the forward again, which ``compile_model`` now avoids; until gpu_check
-    measures it again, the estimate keeps the higher figure. ``seed_sd`` is the full-scale seed noise the resolution estimate
-    starts from: modded-nanogpt's repeated GPT-2 small runs reported a standard deviation of about 0.002 nats
-    of the final validation loss. A 100M-token trial is shorter and likely noisier: measure it with
-    ``benchmarks/proxy_fidelity.py`` on the GPU before trusting the estimate.
+    measures it again, the estimate keeps the higher figure. ``seed_sd`` is the full-scale seed noise the
+    resolution estimate starts from: modded-nanogpt's repeated GPT-2 small runs reported a standard deviation of
+    about 0.002 nats of the final validation loss. A 100M-token trial is shorter and likely noisier: measure it
+    with ``benchmarks/proxy_fidelity.py`` on the GPU before trusting the estimate.
     """
 
     peak_flops: float = 989e12
