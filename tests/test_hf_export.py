@@ -786,13 +786,13 @@ def stopped_export(cwd: Path, where: str, stop_signal: str, storage: str, out: P
     import subprocess
     import sys
 
-    def ignore_hangup() -> None:
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    def as_started() -> None:  # a terminal's default, or nohup's; never the test runner's (xdist's ignores it)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN if hangup_ignored else signal.SIG_DFL)
 
     return subprocess.run([sys.executable, "-c", STOPPED_EXPORT, where, stop_signal, "export", "--storage", storage,
                            "--format", "hf", "--rank", "2", "-o", str(out), "--force"], cwd=cwd, capture_output=True,
                           text=True, timeout=120, env={**os.environ, "PYTHONWARNINGS": "ignore"},
-                          preexec_fn=ignore_hangup if hangup_ignored else None)
+                          preexec_fn=as_started)
 
 
 def test_an_export_started_with_nohup_ignores_a_hangup_and_finishes(synthetic, tmp_path):

@@ -99,7 +99,7 @@ def other_data_note(storage: optuna.storages.BaseStorage, ident: dict[str, Any],
                 and [path for path, _, _ in differences(stored, ident)] == ["data"]]
     if not matching:
         return []
-    newest = max(matching, key=lambda summary: summary._study_id)  # ids grow as studies are created
+    newest = max(matching, key=lambda summary: storage.get_study_id_from_name(summary.study_name))  # ids grow
     made_on = newest.user_attrs.get("nas:data", "other data")
     older = len(matching) - 1
     others = f" ({older} older stud{'ies' if older > 1 else 'y'} there on other data too)" if older else ""
