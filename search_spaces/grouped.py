@@ -25,7 +25,8 @@ from search_spaces.base import SearchSpace
 from search_spaces.budget import rebalance_ffn
 from search_spaces.hourglass import HourglassSpace
 from search_spaces.joint import JointSpace
-from search_spaces.kv import GQA_RULES, KVRule, count_over_prism
+from search_spaces.kv import GQA_RULES, KVRule
+from search_spaces.kv_count import count_over_prism
 from search_spaces.prism import PrismSpace
 
 if TYPE_CHECKING:

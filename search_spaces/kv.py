@@ -20,7 +20,7 @@ Counting a schedule space without enumerating it: for one head sequence, a dynam
 the layers whose state is (this layer's group size, the length of its plateau so far, capped at
 ``max_plateau + 1``, whether a plateau ended before); over all Prism schedules at once, the same
 programme run on pairs of that state and the Prism schedule's own state (head count, plateau length),
-since a layer's allowed group sizes depend only on its head count (``count_over_prism``).
+since a layer's allowed group sizes depend only on its head count (``search_spaces.kv_count``).
 
 Imports no torch.
 """
@@ -39,7 +39,6 @@ from search_spaces.base import Rule, check_positive
 
 if TYPE_CHECKING:
     from nas.arch import ArchConfig
-    from search_spaces.prism import PrismSpace
 
 State = tuple[int, int, bool]  # (group size, layers of its plateau so far capped at max_plateau + 1, a plateau ended)
 START: State = (0, 0, False)
@@ -289,55 +288,3 @@ def _unconstrained_counts(rule: KVRule, max_layers: int) -> list[int]:
         states = following
         counts.append(sum(n for s, n in states.items() if rule._accepts(s)))
     return counts
-
-
-def count_over_prism(rule: KVRule, prism: PrismSpace) -> int:
-    """Members (Prism schedule, group schedule) of ``prism`` under ``rule``, counted without listing them.
-
-    The Prism schedule is read layer by layer as a small automaton (its head count and how long its plateau
-    has lasted, capped where the rule stops caring): a layer starts at any candidate or ``h_base``; a plateau
-    below ``h_base`` lasts ``min_plateau..max_plateau`` layers and is followed by a larger count; the
-    ``h_base`` plateau lasts to the end and needs ``min_baseline`` layers. The programme runs on pairs of
-    that state and the group schedule's (``KVRule._next``), a layer's group sizes allowed by its head count.
-    """
-    if not rule.schedule:
-        return sum(prism.with_kv_group(g, rule.min_kv_heads).count() for g in rule.groups
-                   if rule.allows(prism.h_base, g))
-    base, counts = prism.h_base, (*prism.candidates, prism.h_base)
-    cap = prism.min_baseline
-    # a plateau whose longest allowed length no schedule that ends valid can pass only needs counting up to its
-    # shortest: every longer run allows the same moves, and one past the limit leads nowhere that ends valid
-    # anyway. A plateau below h_base ends at least min_baseline layers before the depth (the h_base plateau
-    # follows); a key/value plateau that is not the last, at least the key/value min_plateau before it. Without
-    # this, plateaus up to 4,096 layers made the states grow with depth and the count cubic in it (59 s at 128
-    # layers); limits well below the depth (100 of 128 layers) still count every run length
-    head_free = prism.max_plateau >= prism.layers - prism.min_baseline
-    kv_free = rule.max_plateau >= prism.layers - rule.min_plateau
-    head_cap = prism.min_plateau if head_free else prism.max_plateau
-    kv_cap = rule.min_plateau if kv_free else rule.max_plateau + 1
-
-    def head_moves(state: tuple[int, int] | None) -> Iterator[tuple[int, int]]:
-        if state is None:
-            yield from ((h, 1) for h in counts)
-            return
-        h, run = state
-        if h == base:
-            yield base, min(run + 1, cap)
-            return
-        if run < prism.max_plateau:
-            yield h, min(run + 1, head_cap)
-        if run >= prism.min_plateau:
-            yield from ((higher, 1) for higher in counts if higher > h)
-
-    layer_states: dict[tuple[tuple[int, int] | None, State], int] = {(None, START): 1}
-    for _ in range(prism.layers):
-        following: dict[tuple[tuple[int, int] | None, State], int] = {}
-        for (head_state, kv_state), n in layer_states.items():
-            for head_after in head_moves(head_state):
-                for _, (g, run, ended) in rule._next(kv_state, head_after[0]):
-                    key = (head_after, (g, min(run, kv_cap), ended))
-                    following[key] = following.get(key, 0) + n
-        layer_states = following
-    return sum(n for (head_state, kv_state), n in layer_states.items()
-               if head_state is not None and head_state[0] == base and head_state[1] >= cap
-               and rule._accepts(kv_state))
