@@ -133,7 +133,8 @@ def interruptible(once: bool = False) -> None:
         _received.clear()
         signal.signal(signal.SIGINT, _stop)
         signal.signal(signal.SIGTERM, _stop)
-    quiet_stops()
+    if "sqlalchemy" in sys.modules:  # else the storage installs them when it opens (``nas.study.storage``):
+        quiet_stops()  # `nas train` opens none, and importing SQLAlchemy here cost it 0.2 s
     quiet_swallowed_stops()
 
 

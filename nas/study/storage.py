@@ -37,6 +37,7 @@ from nas.errors import UsageError
 from nas.files import show, user_path, writable_folder
 from nas.study import optuna_internals
 from nas.study.config import DEFAULT_STORAGE, display_url
+from nas.study.signals import quiet_stops
 from nas.study.sqlite_file import OPTUNA_TABLES, SqliteFile, inspect_sqlite, read_only_connect
 
 SQLITE_BUSY_TIMEOUT_S = 600
@@ -293,6 +294,7 @@ def _first_worker_safe(url: str, engine_kwargs: dict, heartbeat_interval: int,
 
 def _rdb_storage(url: str, engine_kwargs: dict, heartbeat_interval: int,
                  grace_period: int | None, read_only: bool = False) -> optuna.storages.RDBStorage:
+    quiet_stops()  # a stop inside SQLAlchemy's pool is the command's one line, not a logged traceback
     if read_only and not url.startswith("sqlite"):
         _check_tables(url, engine_kwargs)
     return optuna.storages.RDBStorage(
