@@ -709,14 +709,23 @@ def test_the_default_row_is_the_answers_pick_even_where_the_board_ranks_it_lower
 @pytest.mark.parametrize("name", ["m" * 255, "m" * 242, "é" * 127], ids=["255-bytes", "242-bytes", "254-bytes-utf8"])
 def test_a_folder_name_of_up_to_255_bytes_is_written_and_replaced(synthetic, tmp_path, monkeypatch, name):
     """A name of 242-255 bytes is a valid folder, but its hidden sibling ``.NAME.XXXXXXXX.tmp`` was not: the export
-    was refused as "too long for this file system". The hidden names are cut to fit; nothing is left beside it."""
+    was refused as "too long for this file system". The hidden names are cut to fit. In a project folder that also
+    holds the study being read and the user's notes, and with the user's own file inside the export, the forced
+    replacement (its old folder moved aside, then removed) keeps every one of them and leaves nothing else."""
+    from search_helpers import copy_study
+
     monkeypatch.chdir(tmp_path)
-    storage = f"sqlite:///{synthetic}"
+    storage = copy_study(synthetic, tmp_path / "base.db")
+    (tmp_path / "notes.txt").write_text("mine")
     first = nas("export", "--storage", storage, "--format", "hf", "-o", name)
     assert first.exit_code == 0, first.output
+    (tmp_path / name / "tokenizer.json").write_text("{}")  # the user's own, carried into the new folder
+    study_and_notes = {k: v for k, v in tree(tmp_path).items() if not k.startswith(name)}
     again = nas("export", "--storage", storage, "--format", "hf", "--rank", "2", "-o", name, "--force")  # .old aside
     assert again.exit_code == 0, again.output
-    assert [p.name for p in tmp_path.iterdir()] == [name] and (tmp_path / name / "config.json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["base.db", "notes.txt", name])
+    assert {k: v for k, v in tree(tmp_path).items() if not k.startswith(name)} == study_and_notes
+    assert (tmp_path / name / "tokenizer.json").read_text() == "{}" and (tmp_path / name / "config.json").exists()
 
 
 def test_the_wrote_line_shows_the_folder_as_every_message_shows_a_path(synthetic, tmp_path, monkeypatch):

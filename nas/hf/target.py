@@ -181,8 +181,8 @@ def hidden_prefix(out: Path) -> str:
 def move_into_place(tmp: Path, target: Target) -> None:
     """Make the folder ``tmp`` the model directory ``target.path``: the user's entries (``target.kept``) are moved
     into ``tmp`` first, an existing directory is moved aside and removed after, so ``target.path`` is always the
-    old directory or the new one, whole; a failure, or a stop (Ctrl-C, SIGTERM: ``nas export`` raises on both),
-    puts everything back where it was."""
+    old directory or the new one, whole; a failure, or a stop (Ctrl-C, SIGTERM, SIGHUP: ``nas export`` raises on
+    each), puts everything back where it was."""
     out = target.path
     check_clash(tmp, target)
     if not (out.exists() or out.is_symlink()):
