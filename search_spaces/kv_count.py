@@ -142,20 +142,22 @@ def count_by_tables(rule: KVRule, prism: PrismSpace, caps: Caps) -> int:
         previous, tables = tables, {}
         for (h, g, ended), table in previous.items():
             if h == base:  # the h_base plateau goes on to the end
-                heads = [(base, _longer(table, 0, caps.base, None))]
+                heads = [(_longer(table, 0, caps.base, None), (base,))]
             else:
-                heads = [(h, _longer(table, 0, caps.head, prism.max_plateau))]
                 stepped = np.zeros(shape, dtype=object)
                 stepped[0] = table[prism.min_plateau - 1:].sum(axis=0)  # plateaus long enough to end
-                heads += [(higher, stepped) for higher in counts if higher > h]
-            for h_after, moved in heads:
-                allowed = rule.allowed(h_after)
-                if g in allowed:
-                    table_of((h_after, g, ended))[:] += _longer(moved, 1, caps.kv, None)
+                heads = [(_longer(table, 0, caps.head, prism.max_plateau), (h,)),
+                         (stepped, tuple(higher for higher in counts if higher > h))]
+            for moved, heads_after in heads:  # each key/value move made once for every head count it leads to
+                same = _longer(moved, 1, caps.kv, None)
                 ending = moved[:, rule.min_plateau - 1:rule.max_plateau].sum(axis=1)  # plateaus that may end
-                for larger in allowed:
-                    if larger > g:
-                        table_of((h_after, larger, True))[:, 0] += ending
+                for h_after in heads_after:
+                    allowed = rule.allowed(h_after)
+                    if g in allowed:
+                        table_of((h_after, g, ended))[:] += same
+                    for larger in allowed:
+                        if larger > g:
+                            table_of((h_after, larger, True))[:, 0] += ending
     # h_base for at least min_baseline layers; a last key/value plateau after others at least min_plateau long
     return sum(int(table[caps.base - 1, (rule.min_plateau - 1 if ended else 0):].sum())
                for (h, _, ended), table in tables.items() if h == base)
