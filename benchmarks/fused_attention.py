@@ -108,7 +108,7 @@ def measure(smoke: bool) -> dict[str, Any]:
     from nas.arch import uniform
     from nas.model.attention_kernels import FUSED_ATTENTION_HEAD_DIMS, fused_attention_pays
     from nas.model.transformer import Transformer
-    from runners.device import available_cores
+    from runners.cores import available_cores
     from runners.peak import measure_matmul_peak
 
     rounds = 1 if smoke else 7

@@ -179,7 +179,7 @@ def sandwich(reference: Callable[[], Any], contenders: dict[str, Callable[[], An
 def set_threads(threads: int) -> int:
     import torch
 
-    from runners.device import available_cores
+    from runners.cores import available_cores
 
     n = threads if threads > 0 else available_cores()
     torch.set_num_threads(n)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import resource
 import sys
 import time
@@ -12,6 +11,7 @@ from pathlib import Path
 import torch
 
 from nas.errors import UsageError
+from runners import cores
 
 
 def resolve_device(name: str) -> torch.device:
@@ -65,17 +65,9 @@ def _compile_missing(device: torch.device) -> str | None:
     return None
 
 
-def available_cores() -> int:
-    """Cores this process may run on (respects taskset / cgroup affinity)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        return os.cpu_count() or 1
-
-
 def set_threads(threads: int) -> int:
     """Set torch's intra-op threads (0 = all available cores); returns the number set."""
-    n = threads if threads > 0 else available_cores()
+    n = threads if threads > 0 else cores.available_cores()
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)
     return n

@@ -7,31 +7,15 @@ device (``cuda:LOCAL_RANK``). Without them the run is one process and nothing is
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 import re
-import signal
-import sys
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from runners.device import resolve_device
-
-PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent() -> None:
-    """Receive SIGKILL when the parent process dies (Linux ``PR_SET_PDEATHSIG``; elsewhere nothing).
-
-    torchrun starts its workers in sessions of their own: without this, a killed ``torchrun`` (or a
-    killed ``nas rerun`` above it) would leave them training on, orphaned, racing the resumed run.
-    """
-    libc_name = ctypes.util.find_library("c")
-    if libc_name and sys.platform.startswith("linux"):
-        ctypes.CDLL(libc_name, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+from runners.orphans import die_with_parent
 
 
 @dataclass(frozen=True)

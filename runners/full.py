@@ -46,6 +46,7 @@ from nas.data import TokenData, check_enough_tokens, check_vocabulary, validatio
 from nas.errors import UsageError
 from nas.model.transformer import Transformer
 from nas.units import format_duration
+from runners import cores
 from runners.allocator import keep_freed_memory
 from runners.checkpoint import (
     CHECKPOINT_NAME,
@@ -56,7 +57,7 @@ from runners.checkpoint import (
     write_checkpoint,
 )
 from runners.config import TrainConfig
-from runners.device import StepLosses, attention_kernels, autocast, available_cores, configure_threads
+from runners.device import StepLosses, attention_kernels, autocast, configure_threads
 from runners.distributed import Processes, all_sum, barrier, setup, teardown
 from runners.memory import check_fits
 from runners.peak import measure_matmul_peak
@@ -213,7 +214,7 @@ def _run(arch: ArchConfig, cfg: TrainConfig, data: TokenData, options: RunOption
     # the split first: a micro-batch that cannot divide the batch was blamed on memory (33 TB for 99,999,999 rows)
     micro = check_batch_split(cfg.batch_size, processes.world, options.micro_batch or None)
     check_fits(arch, cfg, device, micro, local)
-    configure_threads(cfg.threads or max(1, available_cores() // local), compiling=cfg.compile)
+    configure_threads(cfg.threads or max(1, cores.available_cores() // local), compiling=cfg.compile)
     started = time.perf_counter()
     torch.manual_seed(cfg.seed)
     model = Transformer(arch).to(device)

@@ -75,9 +75,9 @@ def fused_attention_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
 def one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     """In-process searches train with one torch thread: on a busy 2-core box two threads wait on each other at
     every op (a tiny trial goes from 0.5 s to 50 s); the ``nas`` subprocesses get one core each instead."""
-    import runners.device
+    import runners.cores
 
-    monkeypatch.setattr(runners.device, "available_cores", lambda: 1)
+    monkeypatch.setattr(runners.cores, "available_cores", lambda: 1)
 
 
 @pytest.fixture(autouse=True)
@@ -192,14 +192,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def tiny_study_file(tmp_path_factory: pytest.TempPathFactory, nas_cache: str) -> Path:
     """A real 4-trial search of the tiny Prism space (study ``proxy``: every member once, then a replicate), made once
     a session; tests take a copy (``copy_study``) instead of searching again."""
-    import runners.device
+    import runners.cores
     from nas.study.config import SearchConfig
     from nas.study.parallel import run_search
     from search_spaces.factory import SpaceOptions
 
     path = tmp_path_factory.mktemp("tiny-study") / "nas.db"
     with pytest.MonkeyPatch.context() as patch:  # one torch thread, as the one_thread fixture
-        patch.setattr(runners.device, "available_cores", lambda: 1)
+        patch.setattr(runners.cores, "available_cores", lambda: 1)
         run_search(SearchConfig(space=SpaceOptions(space="prism"), preset="tiny", storage=f"sqlite:///{path}",
                                 trials=4, study_name="proxy"))
     return path

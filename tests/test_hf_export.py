@@ -480,9 +480,9 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("cli")
     storage = f"sqlite:///{root / 'nas.db'}"
     monkeypatch = pytest.MonkeyPatch()
-    import runners.device
+    import runners.cores
 
-    monkeypatch.setattr(runners.device, "available_cores", lambda: 1)
+    monkeypatch.setattr(runners.cores, "available_cores", lambda: 1)
     run_search(SearchConfig(space=SpaceOptions(space="prism"), preset="tiny", storage=storage, trials=4,
                             study_name="s", train_overrides=(("tokens", 2048),)))
     runner = CliRunner()

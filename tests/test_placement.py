@@ -13,7 +13,15 @@ from search_helpers import sqlite_url
 import nas.study.parallel
 from nas.errors import UsageError
 from nas.study.config import SearchConfig
-from nas.study.placement import GPU_WORKER_THREADS, Placement, apply_placement, plan_placements, resolve_workers
+from nas.study.placement import (
+    GPU_WORKER_THREADS,
+    Placement,
+    apply_placement,
+    gpu_count,
+    plan_placements,
+    resolve_workers,
+    torch_builds_for_gpus,
+)
 from search_spaces.factory import SpaceOptions
 
 
@@ -104,3 +112,37 @@ def test_the_slurm_recipe_runs_a_nas_search_whose_options_the_cli_accepts():
     assert "--workers" in args and args[args.index("--workers") + 1] == "auto"
     result = CliRunner().invoke(app, [*args, "--help"])  # every option known: the help, exit 0; else exit 2
     assert result.exit_code == 0, result.output
+
+
+CPU_BUILD = """from typing import Optional
+
+__version__ = '2.13.0+cpu'
+cuda: Optional[str] = None
+git_version = 'cf30153c4c131c8164ee7798e5022d810682e2cb'
+hip: Optional[str] = None
+"""
+
+
+@pytest.mark.parametrize("text, gpus", [
+    (CPU_BUILD, False),
+    (CPU_BUILD.replace("cuda: Optional[str] = None", "cuda: Optional[str] = '12.8'"), True),
+    (CPU_BUILD.replace("hip: Optional[str] = None", "hip = '6.2.41133'"), True),
+    (CPU_BUILD.replace("hip: Optional[str] = None", ""), True),  # a field missing: torch is asked
+    (CPU_BUILD.replace("= None", "= backend()"), True),  # not a literal
+    ("cuda = None\nhip = (", True),  # not Python
+])
+def test_a_cpu_build_of_torch_is_read_from_its_version_file_and_anything_else_asks_torch(tmp_path, text, gpus):
+    """A search's parent counts GPUs without importing torch where the build has no GPU backend; a file it cannot
+    read for certain leaves the count to torch itself."""
+    version = tmp_path / "version.py"
+    version.write_text(text)
+    assert torch_builds_for_gpus(version) is gpus
+    assert torch_builds_for_gpus(tmp_path / "missing.py") is True
+
+
+def test_the_installed_torch_is_read_as_torch_itself_says():
+    import torch
+
+    assert torch_builds_for_gpus() is (torch.version.cuda is not None or torch.version.hip is not None)
+    if not torch_builds_for_gpus():
+        assert gpu_count() == 0

@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from multiprocessing import forkserver
 from pathlib import Path
@@ -112,6 +113,26 @@ def test_cpu_workers_fork_from_a_server_with_torch_imported_and_take_the_environ
     run_search(config)
     trials = load_trials(storage, "fork")
     assert_no_repeated_work(trials, 3)
+
+
+# `nas ...` as `python -m nas` runs it, writing at exit which of the heavy libraries its own process imported
+NAS_NOTING_IMPORTS = [sys.executable, "-c", "import atexit, runpy, sys; out = sys.argv.pop(1); "
+                      "atexit.register(lambda: open(out, 'w').write(' '.join(m for m in ('torch', 'sqlalchemy') "
+                      "if m in sys.modules))); sys.argv[0] = 'nas'; runpy.run_module('nas', run_name='__main__')"]
+
+
+def test_the_parent_of_cpu_workers_trains_nothing_and_never_imports_torch(tmp_path):
+    """Its workers, forked from a fork server that imported torch once, train; the parent plans, reads events and
+    counts GPUs from torch's version file (a CPU build here): torch's import would cost it 1.2-1.7 CPU-s and ~150
+    MB for nothing."""
+    imported = tmp_path / "imported"
+    search = ["search", *SPACE3, *TINY, "--tokens", "1k", "--trials", "2", "--workers", "2", "--study-name", "two"]
+    proc = subprocess.run([*NAS_NOTING_IMPORTS, str(imported), *search], cwd=tmp_path, env=nas_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "holds 2 trained trials" in proc.stderr.splitlines()[-1], proc.stderr
+    assert imported.read_text().split() == ["sqlalchemy"]  # the study's storage, and no torch
+    assert_no_repeated_work(load_trials(sqlite_url(tmp_path / "nas.db"), "two"), 2)
 
 
 def test_four_local_workers_on_the_default_sqlite_storage(tmp_path):

@@ -31,10 +31,9 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from nas.data.cache import cache_root
 from nas.data.discovery import FileEntry, expand_glob, list_directory, list_paths
@@ -47,6 +46,9 @@ from nas.data.sources import (
 )
 from nas.errors import UsageError
 from nas.files import kind_of, show, stat_path, user_path
+
+if TYPE_CHECKING:  # torch is imported where batches are made: a search's parent, which trains nothing, never needs it
+    import torch
 
 __all__ = ["TokenData", "load_data", "BatchSampler", "validation_batches", "check_enough_tokens", "check_vocabulary"]
 
@@ -162,6 +164,8 @@ def check_vocabulary(vocab_size: int, data: TokenData) -> None:
 
 
 def _windows(tokens: Any, starts: Any, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    import torch
+
     buf = np.stack([np.asarray(tokens[s : s + seq_len + 1]) for s in starts]).astype(np.int64)  # (B, T+1)
     buf = torch.from_numpy(buf)
     return buf[:, :-1], buf[:, 1:]  # x, y: (B, T) each; y[b, t] = x[b, t+1]

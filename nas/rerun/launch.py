@@ -21,8 +21,8 @@ from nas.arch import ArchConfig
 from nas.errors import UsageError
 from nas.rerun.plan import PlannedRun
 from runners.config import STEPS_NOTE_SHOWN
-from runners.distributed import die_with_parent
 from runners.full import read_result
+from runners.orphans import die_with_parent
 
 
 @dataclass(frozen=True)

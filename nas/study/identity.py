@@ -17,8 +17,8 @@ import optuna
 from nas.data import TokenData
 from nas.errors import UsageError
 from nas.study.config import SearchConfig, display_url
+from runners import cores
 from runners.config import TrainConfig
-from runners.device import available_cores
 from runners.presets import get_preset
 from search_spaces.base import SearchSpace
 from search_spaces.factory import SpaceOptions, build_space
@@ -29,7 +29,7 @@ def train_config(config: SearchConfig) -> TrainConfig:
     train = get_preset(config.preset).train
     overrides = dict(config.train_overrides)
     if isinstance(config.workers, int) and config.workers > 1 and not overrides.get("threads"):
-        overrides["threads"] = max(1, available_cores() // config.workers)
+        overrides["threads"] = max(1, cores.available_cores() // config.workers)
     return train.with_(**overrides) if overrides else train
 
 

@@ -30,7 +30,7 @@ from nas.study.signals import STOP_SIGNALS, Terminated, interruptible, raise_if_
 from nas.study.trial import POLL_S
 from nas.study.worker import SearchAborted, StudyNote, TrialEvent, refresh_note, run_worker, trials_done
 from runners.allocator import keep_freed_memory
-from runners.distributed import die_with_parent
+from runners.orphans import die_with_parent
 from runners.presets import get_preset
 
 

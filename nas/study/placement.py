@@ -25,8 +25,11 @@ of one 2-thread worker at the default proxy (``benchmarks/worker_layout.py``). I
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from nas.errors import UsageError
 
@@ -60,17 +63,46 @@ def usable_gpus(torch_count: int, visible: str | None) -> int:
 
 
 def gpu_count() -> int:
-    """GPUs (or MIG instances) this process's workers may use (``usable_gpus`` of torch's count)."""
+    """GPUs (or MIG instances) this process's workers may use (``usable_gpus`` of torch's count); 0 without importing
+    torch where the installed build has no GPU backend (``torch_builds_for_gpus``)."""
+    if not torch_builds_for_gpus():
+        return 0
     import torch
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return usable_gpus(count, os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 
-def cpu_cores() -> int:
-    from runners.device import available_cores
+def torch_builds_for_gpus(version_file: Path | None = None) -> bool:
+    """Whether the installed torch was built for CUDA or ROCm, read from its ``torch/version.py`` (``cuda = '12.8'``
+    or ``None``, ``hip`` likewise) without importing it: a CPU build's count is 0, and a search's parent, which trains
+    nothing when its workers do, is spared torch's import (1.2-1.7 CPU-s and ~150 MB on a 2-core machine). True
+    when the file cannot be read or says anything else: torch itself is asked then."""
+    if version_file is None:
+        spec = importlib.util.find_spec("torch")
+        if spec is None or not spec.origin:
+            return True
+        version_file = Path(spec.origin).parent / "version.py"
+    try:
+        tree = ast.parse(version_file.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return True
+    built: dict[str, object] = {}
+    for node in tree.body:
+        target = node.target if isinstance(node, ast.AnnAssign) else (
+            node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
+        if isinstance(target, ast.Name) and target.id in ("cuda", "hip") and node.value is not None:
+            try:
+                built[target.id] = ast.literal_eval(node.value)
+            except ValueError:
+                return True
+    return set(built) != {"cuda", "hip"} or any(value is not None for value in built.values())
 
-    return available_cores()
+
+def cpu_cores() -> int:
+    from runners import cores
+
+    return cores.available_cores()
 
 
 def resolve_workers(workers: int | str, device: str, n_gpus: int, cores: int) -> int:

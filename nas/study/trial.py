@@ -11,7 +11,7 @@ import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import optuna
@@ -24,8 +24,12 @@ from nas.study.records import counts, in_flight, is_duplicate, key_seed, loss_of
 from nas.study.recovery import fail_abandoned, fail_stale
 from nas.study.session import Search, make_sampler
 from nas.study.storage import write_user_attrs
-from runners.proxy import run as run_proxy
 from runners.result import TrialResult
+
+if TYPE_CHECKING:
+    from nas.data import TokenData
+    from runners.config import TrainConfig
+    from runners.proxy import ReportFn
 
 POLL_S = 0.5  # how often a waiting worker looks at the storage again
 MAX_DUPLICATE_STREAK = 10  # after this many duplicates in a row, one random proposal breaks the loop
@@ -98,6 +102,14 @@ def answer_duplicate(search: Search, trial: optuna.Trial, original: FrozenTrial)
     else:
         search.study.tell(trial, state=TrialState.FAIL)
     return "duplicate"
+
+
+def run_proxy(arch: ArchConfig, train: TrainConfig, data: TokenData, report: ReportFn) -> TrialResult:
+    """``runners.proxy.run``, imported at a worker's first trial: the module brings torch and the model, which a
+    search's parent (it trains nothing when its workers do) never needs."""
+    from runners.proxy import run
+
+    return run(arch, train, data, report)
 
 
 def train(search: Search, trial: optuna.Trial, arch: ArchConfig, seed: int, role: str,
