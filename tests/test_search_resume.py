@@ -295,3 +295,22 @@ def test_a_trial_whose_heartbeat_was_lost_stops_training_and_is_finished_once_by
     (retry,) = retries_of(trials, lost[0])
     assert counts(retry) and key_seed(retry) == key_seed(first)
     assert "failed 3 times in a row: (builtins.Exception) server closed the connection" in warnings[0]
+
+
+def test_a_complete_study_resumed_with_workers_starts_none_and_still_writes_its_note(tiny_study, monkeypatch):
+    """Its trials are all there: the search writes the final note itself, as worker 0 would have before returning,
+    and starts neither the fork server nor a worker (~3.5 s of a resumed 200-trial study's 5.4 s)."""
+    import nas.study.parallel
+
+    def no_workers(places):
+        raise AssertionError("a worker was started for a complete study")
+
+    monkeypatch.setattr(nas.study.parallel, "worker_context", no_workers)
+    notes = []
+    search = run_search(SearchConfig(space=SpaceOptions(space="prism"), preset="tiny", storage=tiny_study, trials=4,
+                                     study_name="proxy", workers=2), note=lambda study, force: notes.append(force))
+    assert notes == [True]
+    assert sum(counts(t) for t in search.study.get_trials(deepcopy=False)) == 4
+    with pytest.raises(AssertionError, match="a worker was started"):  # one trial more: the workers start
+        run_search(SearchConfig(space=SpaceOptions(space="prism"), preset="tiny", storage=tiny_study, trials=5,
+                                study_name="proxy", workers=2))

@@ -227,7 +227,9 @@ def run_search(config: SearchConfig, on_event: Callable[[TrialEvent], None] | No
     Each worker trains where ``placements`` puts it; a single worker runs in this process. ``note`` (picklable: it
     goes to worker 0's process) refreshes the study's note for readers (``nas.study.worker.run_worker``): one writer
     is enough, as every worker returns only once the study is complete, and the others are spared its imports and
-    its fits (a second of CPU or more a worker); if worker 0 died, this process writes the final note."""
+    its fits (a second of CPU or more a worker); if worker 0 died, this process writes the final note. A study that
+    already holds its trials starts no worker (nor the fork server: ~3.5 s of a resumed 200-trial study's 5.4 s):
+    this process fails the stale trials and writes the note, as a worker would before it returned."""
     config.validate()
     places = placements(config)
     workers = len(places)
@@ -244,6 +246,10 @@ def run_search(config: SearchConfig, on_event: Callable[[TrialEvent], None] | No
         run_worker(search, on_event, note)
         return search
     config = search.config  # carries the resolved study name
+    if trials_done(search.study) >= config.trials:  # complete already: what each worker would do, and return
+        fail_stale(search.study, search.storage, search.study_id)
+        refresh_note(note, search.study, force=True)
+        return search
     context = worker_context(places)
     queue = context.Queue()
     environment = dict(os.environ)
