@@ -7,6 +7,8 @@ import unicodedata
 
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, as a shell reports a job Ctrl-C stopped
 INTERRUPTED_LINE = "interrupted: the command stopped before it finished; run the same command again"
+# a stop in the instant after the command's work returned (its output being flushed, the process exiting)
+INTERRUPTED_DONE_LINE = "interrupted as the command ended: its work was done"
 UNPRINTABLE = ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp")  # controls, format marks, surrogates (bad UTF-8)...
 
 

@@ -473,3 +473,27 @@ def test_ctrl_c_in_a_benchmark_figure_is_one_line_and_exit_130(tmp_path):
     assert proc.returncode in (130, -signal.SIGINT), said  # both read 130 in a shell
     assert said.splitlines() == ["interrupted: no figure had finished: nothing was written; run the same command "
                                  "again for the rest"], said
+
+
+def test_a_stop_as_the_command_ends_says_its_work_was_done_and_one_while_it_works_says_run_it_again(monkeypatch):
+    """A Ctrl-C in the instant after a command's work returned (its output being flushed) said "stopped before it
+    finished; run the same command again", of a command with nothing left to do; one while the command works still
+    says that."""
+    from typer.testing import CliRunner
+
+    import nas.cli.errors
+    import nas.cli.space
+    from nas.cli import app
+    from nas.errors import INTERRUPTED_DONE_LINE, INTERRUPTED_EXIT_CODE, INTERRUPTED_LINE
+
+    def stopped() -> None:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(nas.cli.errors, "flush_stdout", stopped)
+        done = CliRunner().invoke(app, ["space", "count", "--space", "prism"])
+    assert done.exit_code == INTERRUPTED_EXIT_CODE
+    assert done.output.splitlines()[-1] == INTERRUPTED_DONE_LINE and "129" in done.output  # the count was printed
+    monkeypatch.setattr(nas.cli.space, "build_space", lambda *args, **kwargs: stopped())
+    working = CliRunner().invoke(app, ["space", "count", "--space", "prism"])
+    assert working.exit_code == INTERRUPTED_EXIT_CODE and working.output.strip() == INTERRUPTED_LINE

@@ -16,7 +16,7 @@ import typer
 from typer.core import TyperGroup
 
 from nas.cli.streams import flush_stdout, silence_stdout
-from nas.errors import INTERRUPTED_EXIT_CODE, INTERRUPTED_LINE, UsageError
+from nas.errors import INTERRUPTED_DONE_LINE, INTERRUPTED_EXIT_CODE, INTERRUPTED_LINE, UsageError
 from nas.files import OutputClosed
 
 USAGE_EXIT_CODE = 2
@@ -33,11 +33,18 @@ class OneLineErrors(TyperGroup):
 
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
              complete_var: str | None = None, standalone_mode: bool = True, **extra: Any) -> Any:
+        returned = False
         try:
             # non-standalone: exceptions come back to us, and an Exit(n) comes back as its code n
             code = super().main(args=args, prog_name=prog_name, complete_var=complete_var, standalone_mode=False,
                                 **extra)
+            returned = True
             flush_stdout()
+        except KeyboardInterrupt:
+            if not returned:
+                raise
+            typer.echo(INTERRUPTED_DONE_LINE, err=True)  # not "before it finished": there is nothing to run again
+            code = INTERRUPTED_EXIT_CODE
         except OutputClosed as error:
             silence_stdout()
             if not error.quiet:
