@@ -54,9 +54,16 @@ def test_dashboard_serves_the_study_and_its_trial_attrs(tmp_path, one_thread):
         note = detail["note"]["body"]
         assert note.startswith("## dash-demo") and "Ranked by expected gain" in note
         assert "| 1 | h=4x4 K1x88 d32 L4 (baseline) | 1 |" in note
+        # Ctrl-C (here `kill -INT`) stops it as it stops every command: one line, exit 130 (its server catches the
+        # interrupt itself and returned as if it had ended by itself: exit 0)
+        server.send_signal(signal.SIGINT)
+        assert server.wait(timeout=30) == 130
     finally:
-        stop(server, signal.SIGTERM)
-    assert f"http://127.0.0.1:{port}/" in log.read_text()  # it says where to look
+        stop(server, signal.SIGKILL)
+    said = log.read_text()
+    assert f"http://127.0.0.1:{port}/" in said  # it says where to look
+    assert said.rstrip().splitlines()[-1] == "stopped: the dashboard is closed; the study is as the searches left it"
+    assert "Traceback" not in said
 
 
 @pytest.mark.parametrize("args, says", [

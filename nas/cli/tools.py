@@ -11,7 +11,7 @@ import typer
 import nas
 from nas.cli.app import app
 from nas.cli.options import StorageOpt, choices
-from nas.errors import UsageError
+from nas.errors import INTERRUPTED_EXIT_CODE, UsageError
 from nas.study.config import DEFAULT_STORAGE, display_url
 
 if TYPE_CHECKING:
@@ -115,6 +115,10 @@ def dashboard(
                    "whoever reaches port {port} can read and edit every study in this storage".replace(
                        "{port}", str(port)), err=True)
     run_server(store, host=host, port=port)
+    # its server (bottle's run) returns only when a stop reached it, having caught the KeyboardInterrupt itself: exit
+    # as every other command does on Ctrl-C or `kill -INT`, not 0 as if it had ended by itself
+    typer.echo("stopped: the dashboard is closed; the study is as the searches left it", err=True)
+    raise typer.Exit(INTERRUPTED_EXIT_CODE)
 
 
 def check_port_free(host: str, port: int) -> None:
