@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 
 import pytest
@@ -106,3 +107,43 @@ def test_the_note_is_written_without_importing_the_dashboard_server_and_reads_ba
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["(False,", "False)", "##", "light", "optuna_dashboard._note", "##", "fallback"], \
         done.stdout
+
+
+def test_a_ctrl_c_while_a_request_is_answered_stops_the_server_after_answering_it():
+    """Served by optuna-dashboard's own ``run_server`` (wsgiref in the main thread), a Ctrl-C landing inside a request
+    was printed as that request's error and the server served on: a stop lost. Here the request that is being
+    answered when SIGINT comes is answered whole, and the server then closes."""
+    import os
+    import threading
+
+    from nas.cli.serving import serve_until_interrupted
+
+    def answer_while_stopped(environ, start_response):
+        os.kill(os.getpid(), signal.SIGINT)  # the stop lands while this request is answered
+        time.sleep(0.3)
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"answered whole"]
+
+    port, got = free_port(), {}
+
+    def client() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                got["body"] = urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30).read()
+                return
+            except OSError:
+                time.sleep(0.05)  # not listening yet
+
+    asking = threading.Thread(target=client, daemon=True)
+    asking.start()
+    before = signal.getsignal(signal.SIGINT)
+    fallback = threading.Timer(60, os.kill, (os.getpid(), signal.SIGINT))  # no request came: fail, do not hang
+    fallback.start()
+    try:
+        assert serve_until_interrupted(answer_while_stopped, "127.0.0.1", port) is True
+    finally:
+        fallback.cancel()
+    asking.join(timeout=30)
+    assert got == {"body": b"answered whole"}
+    assert signal.getsignal(signal.SIGINT) is before  # the caller's handler is back

@@ -98,8 +98,9 @@ def dashboard(
 ) -> None:
     """Serve optuna-dashboard for the storage (live view of running studies); the storage must be one a search has
     made (a missing or empty file is refused, as by `nas best`)."""
-    from optuna_dashboard import run_server
+    from optuna_dashboard import wsgi
 
+    from nas.cli.serving import serve_until_interrupted
     from nas.study.storage import make_storage
 
     if not 0 < port < 65536:
@@ -114,9 +115,10 @@ def dashboard(
         typer.echo(f"warning: --host {host} makes the dashboard reachable from other machines; it has no login, and "
                    "whoever reaches port {port} can read and edit every study in this storage".replace(
                        "{port}", str(port)), err=True)
-    run_server(store, host=host, port=port)
-    # its server (bottle's run) returns only when a stop reached it, having caught the KeyboardInterrupt itself: exit
-    # as every other command does on Ctrl-C or `kill -INT`, not 0 as if it had ended by itself
+    if not serve_until_interrupted(wsgi(store), host, port):
+        typer.echo(f"error: the dashboard's server on {host}:{port} stopped by itself (its error is above)", err=True)
+        raise typer.Exit(1)
+    # a stop ends it (nas.cli.serving): exit as every other command does on Ctrl-C or `kill -INT`
     typer.echo("stopped: the dashboard is closed; the study is as the searches left it", err=True)
     raise typer.Exit(INTERRUPTED_EXIT_CODE)
 
