@@ -224,10 +224,15 @@ def test_a_rank_killed_mid_run_leaves_the_other_saying_so_in_one_line(tmp_path, 
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    ours = [line for line in said.splitlines() if line.startswith("error: rank 0")]
+    keeps = f"{str(out)!r} keeps the run's last checkpoint; run the same command to resume from it"
+    ours = [line for line in said.splitlines() if line.startswith(("error: rank 0", "interrupted: "))]
     assert "[rank0]" not in said and len(ours) == 1, said[-3000:]  # the launcher's own report is torchrun's
-    assert ours[0].startswith("error: rank 0: another process of this run stopped (") and "by peer)" in ours[0]
-    assert ours[0].endswith(f"{str(out)!r} keeps the run's last checkpoint; run the same command to resume from it")
+    assert ours[0].endswith(keeps), said[-3000:]
+    # the survivor names the lost peer; on a loaded machine torchrun's agent, which saw rank 1 die, may SIGTERM it
+    # before its next collective fails: then it stops as on any SIGTERM (one line, the checkpoint kept); seen once
+    # in ~10 full suite runs on a 2-core machine
+    assert (ours[0].startswith("error: rank 0: another process of this run stopped (") and "by peer)" in ours[0]
+            or "Sending process" in said and ours[0] == f"interrupted: {keeps}"), said[-3000:]
 
 
 def test_corrupt_truncated_foreign_and_crafted_checkpoints_are_refused_by_name(tmp_path, config):
