@@ -32,8 +32,9 @@ def serve_until_interrupted(app: WSGIApp, host: str, port: int) -> bool:
                                daemon=True)
     try:
         serving.start()
-        while serving.is_alive() and not stopped.wait(POLL_S):
-            pass
+        while serving.is_alive():
+            if stopped.wait(POLL_S):  # SIGINT came
+                break
     finally:
         if serving.is_alive():
             httpd.shutdown()  # after the request it is answering
