@@ -97,7 +97,7 @@ def dashboard(
     = "127.0.0.1",
 ) -> None:
     """Serve optuna-dashboard for the storage (live view of running studies); the storage must be one a search has
-    made (a missing or empty file is refused, as by `nas best`)."""
+    made (a missing or empty file is refused, as by `nas best`). Ctrl-C stops it (exit 130)."""
     from optuna_dashboard import wsgi
 
     from nas.cli.serving import serve_until_interrupted
