@@ -82,8 +82,7 @@ def check_usage_error(workdir: Path, args: list[str]) -> None:
     assert "Traceback" not in result.output
     assert not (workdir / "nas.db").exists(), args  # the default storage was not created
     assert digest(workdir / "study.db") == before, args  # an existing storage is untouched
-    leftovers = {p.name for p in workdir.iterdir()} - {"arch.json", "study.db", "bad.json", "study.db-wal",
-                                                         "study.db-shm"}
+    leftovers = {p.name for p in workdir.iterdir()} - {"arch.json", "study.db", "bad.json"}  # no -wal, no -shm
     assert not leftovers, (args, leftovers)
 
 

@@ -104,8 +104,6 @@ def snapshot(root: Path) -> dict[str, str]:
     """Every file's digest (FIFOs and devices by their kind): what no refused command may change."""
     found = {}
     for path in sorted(root.rglob("*")):
-        if path.name.endswith(("-wal", "-shm", "-journal")):
-            continue  # SQLite's own companions of a file it read (the file itself must not change)
         mode = path.lstat().st_mode
         found[str(path.relative_to(root))] = digest(path) if stat.S_ISREG(mode) else stat.filemode(mode)
     return found

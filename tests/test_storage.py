@@ -1,15 +1,26 @@
-"""``nas.study.storage``: one-transaction attribute writes (same values as Optuna's API), trials that never beat."""
+"""``nas.study.storage``: one-transaction attribute writes (same values as Optuna's API), trials that never beat, and
+readers that leave no file beside the study (``nas.study.sqlite_file.release_readers``)."""
 
 from __future__ import annotations
 
+import hashlib
 import math
+import os
+import sqlite3
+import subprocess
+import sys
 import time
+from contextlib import closing
+from pathlib import Path
 
 import optuna
 import pytest
 from optuna.trial import TrialState
+from typer.testing import CliRunner
 
+from nas.cli import app
 from nas.study.optuna_internals import unbeaten_trial_ids
+from nas.study.sqlite_file import remove_empty_log, side_files
 from nas.study.storage import make_storage, write_user_attrs
 
 ATTRS = {"key": "h=4x4", "seed": 3, "curve": [[1, 2.5], [2, None]], "arch": {"heads": [1, 2], "k": 4},
@@ -75,3 +86,76 @@ def test_trials_that_never_beat_are_found_once_old_enough_on_sqlite(tmp_path):
 @pytest.mark.slow
 def test_trials_that_never_beat_are_found_once_old_enough_on_postgresql(postgres_url):
     _check_unbeaten(postgres_url)
+
+
+# ----------------------------------------------------------------- readers leave no file beside the study
+def _wal_study(url: str) -> Path:
+    """The copied study's path, checked to be in write-ahead-log mode (the mode a search leaves it in), with no side
+    file beside it yet."""
+    path = Path(url.removeprefix("sqlite:///"))
+    with closing(sqlite3.connect(path)) as connection:
+        assert connection.execute("PRAGMA journal_mode=wal").fetchone()[0] == "wal"
+    assert not any(side.exists() for side in side_files(path))  # the last connection's close removed them
+    return path
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("args", [["studies"], ["best"], ["report", "-o", "r.html"], ["export", "-o", "t.csv"],
+                                  ["rules", "--rules", "d_model"], ["best", "--study-name", "missing"]])
+def test_a_read_command_leaves_no_file_beside_the_study_and_its_bytes_as_they_were(tiny_study, tmp_path, args,
+                                                                                   monkeypatch):
+    """A reader of a WAL database makes SQLite's -wal and -shm and cannot remove them (read-only): they were left
+    beside the study after every `nas best` (32 KB and an empty log) until the command removed them itself; a
+    refused read (a study that is not there) too."""
+    path = _wal_study(tiny_study)
+    before, mtime = _digest(path), path.stat().st_mtime_ns
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code in (0, 2), result.output
+    assert "Traceback" not in result.output
+    assert not [side.name for side in side_files(path) if side.exists()], args
+    assert _digest(path) == before and path.stat().st_mtime_ns == mtime
+
+
+def test_a_reader_leaves_the_log_of_a_search_that_has_the_study_open(tiny_study, tmp_path, monkeypatch):
+    """While another connection has the file open (a search), its -wal and -shm are SQLite's and stay: the reader did
+    not make them, and even asked to, SQLite deletes nothing while the file has another connection."""
+    path = _wal_study(tiny_study)
+    with closing(sqlite3.connect(path)) as search:
+        search.execute("SELECT count(*) FROM trials").fetchone()  # opens the log
+        assert all(side.exists() for side in side_files(path))
+        monkeypatch.chdir(tmp_path)
+        assert CliRunner().invoke(app, ["best"]).exit_code == 0
+        assert all(side.exists() for side in side_files(path))
+        remove_empty_log(path)
+        assert all(side.exists() for side in side_files(path))
+        search.execute("CREATE TABLE still_writing (x)")  # the search's connection works on
+    assert not any(side.exists() for side in side_files(path))  # the search's own last close removed them
+
+
+def test_a_log_with_frames_left_by_a_killed_writer_is_left_to_the_writers(tiny_study):
+    """A writer killed before its close leaves committed frames in the log: removing them is a checkpoint, a write
+    to the database, so a reader leaves the log (the next search's open recovers it)."""
+    path = _wal_study(tiny_study)
+    killed = ("import os, sqlite3, sys; c = sqlite3.connect(sys.argv[1]); c.execute('PRAGMA wal_autocheckpoint=0'); "
+              "c.execute('CREATE TABLE written (x)'); c.commit(); os._exit(0)")
+    subprocess.run([sys.executable, "-c", killed, str(path)], check=True)
+    wal = side_files(path)[0]
+    size, before = wal.stat().st_size, _digest(path)
+    assert size > 0
+    remove_empty_log(path)
+    assert wal.stat().st_size == size and _digest(path) == before
+
+
+def test_a_library_reader_leaves_no_file_at_exit(tiny_study):
+    """Through the library (a notebook reading a study) the side files go when the interpreter exits."""
+    path = _wal_study(tiny_study)
+    code = ("import sys; from nas.study.existing import load_existing_study; "
+            "print(len(load_existing_study(sys.argv[1], None).trials))")
+    done = subprocess.run([sys.executable, "-c", code, tiny_study], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    assert done.returncode == 0 and int(done.stdout) > 0, done.stderr
+    assert not any(side.exists() for side in side_files(path))

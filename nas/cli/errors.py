@@ -18,6 +18,7 @@ from typer.core import TyperGroup
 from nas.cli.streams import flush_stdout, silence_stdout
 from nas.errors import INTERRUPTED_DONE_LINE, INTERRUPTED_EXIT_CODE, INTERRUPTED_LINE, UsageError
 from nas.files import OutputClosed
+from nas.study.sqlite_file import release_readers
 
 USAGE_EXIT_CODE = 2
 
@@ -62,6 +63,11 @@ class OneLineErrors(TyperGroup):
         except typer.Abort:
             print_error("aborted")
             code = 1
+        try:  # a read leaves no file beside the study (SQLite's -wal and -shm that its readers made)
+            release_readers()
+        except KeyboardInterrupt:
+            typer.echo(INTERRUPTED_DONE_LINE, err=True)
+            code = INTERRUPTED_EXIT_CODE
         if not standalone_mode:
             return code
         sys.exit(code if isinstance(code, int) else 0)

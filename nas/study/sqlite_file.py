@@ -7,17 +7,27 @@ database, an Optuna storage (with the Optuna version and schema revision that ma
 database at all (a text file, a damaged or truncated one). ``make_storage`` refuses each of the
 last in one line, and opens a reader's storage through ``read_only_connect`` so that a command that
 only reads can never write the file.
+
+A reader of a write-ahead-log database makes SQLite's ``-wal`` and ``-shm`` files beside it (its shared
+memory index), and, being read-only, cannot remove them as a writer's last close does. ``release_readers``
+(called as every command ends, and at exit) closes this process's readers and removes the pair where they
+made it, the way SQLite does: a read-write connection that only reads, whose close, when it is the file's
+last, finds the log empty, checkpoints nothing and deletes both; the database's bytes do not change, and
+while any other process has the file open (a search) SQLite deletes nothing.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import sqlite3
 import stat
 import urllib.parse
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from nas.errors import UsageError
 from nas.files import kind_of, reason, show
@@ -63,9 +73,75 @@ class SqliteFile:
                 f"missing Optuna's {', '.join(missing)})")
 
 
-def _uri(path: Path, immutable: bool) -> str:
-    query = "immutable=1" if immutable else "mode=ro"
+def _uri(path: Path, immutable: bool, mode: str = "ro") -> str:
+    query = "immutable=1" if immutable else f"mode={mode}"
     return f"file:{urllib.parse.quote(str(path.absolute()))}?{query}"
+
+
+class Disposable(Protocol):
+    """A reader's connection pool (SQLAlchemy's ``Engine``)."""
+
+    def dispose(self) -> None:
+        """Close its connections."""
+
+
+# database files whose -wal and -shm this process's readers made; what closes this process's readers
+_MADE_BY_READERS: set[Path] = set()
+_READERS: list[weakref.ref[Disposable]] = []  # weak: a library user's many readers are not kept alive
+
+
+def side_files(path: Path) -> tuple[Path, Path]:
+    """SQLite's write-ahead log and its shared-memory index beside ``path``: (``path-wal``, ``path-shm``)."""
+    return path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")
+
+
+def note_reader(path: Path, immutable: bool) -> None:
+    """Before this process reads ``path`` (``immutable=1`` makes no file): if neither side file is there, the readers
+    will have made them, and ``release_readers`` removes them."""
+    if not immutable and not any(side.exists() for side in side_files(path)):
+        _MADE_BY_READERS.add(path.absolute())
+
+
+def close_with_readers(pool: Disposable) -> None:
+    """A reader's connection pool, closed as ``release_readers`` starts (if it is still alive; one that was collected
+    closed its connections then)."""
+    _READERS[:] = [*(alive for alive in _READERS if alive() is not None), weakref.ref(pool)]
+
+
+def release_readers() -> None:
+    """Close this process's readers, then remove the side files they made (module docstring)."""
+    while _READERS:
+        pool = _READERS.pop()()
+        if pool is not None:
+            pool.dispose()
+    while _MADE_BY_READERS:
+        remove_empty_log(_MADE_BY_READERS.pop())
+
+
+atexit.register(release_readers)  # a library user's readers too (commands release theirs as they end)
+
+
+def remove_empty_log(path: Path) -> None:
+    """Remove ``path``'s ``-wal`` and ``-shm`` when the log holds no frame and no other connection has the file open:
+    a read-write connection reads the schema cookie and closes; as the file's last connection SQLite checkpoints
+    the empty log (nothing reaches the database) and deletes both. A log with frames (a writer's) is left to its
+    writers; a file this process may not write, or one busy past a second, is left as it is."""
+    wal = side_files(path)[0]
+    try:
+        if wal.stat().st_size:
+            return
+    except OSError:
+        return
+    try:
+        connection = sqlite3.connect(_uri(path, False, "rw"), uri=True, timeout=1.0)
+    except sqlite3.Error:
+        return
+    try:
+        connection.execute("PRAGMA schema_version").fetchone()  # opens the log: its close is the one that cleans up
+    except sqlite3.Error:
+        pass
+    finally:
+        connection.close()
 
 
 def read_only_connect(path: Path, immutable: bool, timeout: float) -> Callable[[], sqlite3.Connection]:
@@ -95,6 +171,7 @@ def inspect_sqlite(path: Path, what: str) -> SqliteFile:
     # ("How To Corrupt An SQLite Database File", sqlite.org, 2.2). A header that is not SQLite's is SQLite's
     # "file is not a database".
     immutable = not os.access(path.parent if str(path.parent) else Path("."), os.W_OK | os.X_OK)
+    note_reader(path, immutable)
     try:
         return _read_tables(path, immutable)
     except sqlite3.OperationalError as error:

@@ -38,7 +38,7 @@ from nas.files import show, user_path, writable_folder
 from nas.study import optuna_internals
 from nas.study.config import DEFAULT_STORAGE, display_url
 from nas.study.signals import quiet_stops
-from nas.study.sqlite_file import OPTUNA_TABLES, SqliteFile, inspect_sqlite, read_only_connect
+from nas.study.sqlite_file import OPTUNA_TABLES, SqliteFile, close_with_readers, inspect_sqlite, read_only_connect
 
 SQLITE_BUSY_TIMEOUT_S = 600
 MAX_RETRIES = 3  # a shape whose worker dies this many times is left failed
@@ -226,6 +226,8 @@ def make_storage(url: str = DEFAULT_STORAGE, heartbeat_interval: int = 10,
         raise UsageError(f"cannot open storage {display_url(url)!r}: {_schema_message(str(error))}") from None
     if parsed.get_backend_name() == "sqlite":
         sqlalchemy.event.listen(storage.engine, "begin", _begin_deferred if read_only else _begin_immediately)
+        if read_only:  # its connections close before the side files they made are removed (nas.study.sqlite_file)
+            close_with_readers(storage.engine)
     return storage
 
 
