@@ -118,9 +118,6 @@ def release_readers() -> None:
         remove_empty_log(_MADE_BY_READERS.pop())
 
 
-atexit.register(release_readers)  # a library user's readers too (commands release theirs as they end)
-
-
 def remove_empty_log(path: Path) -> None:
     """Remove ``path``'s ``-wal`` and ``-shm`` when the log holds no frame and no other connection has the file open:
     a read-write connection reads the schema cookie and closes; as the file's last connection SQLite checkpoints
@@ -142,6 +139,9 @@ def remove_empty_log(path: Path) -> None:
         pass
     finally:
         connection.close()
+
+
+atexit.register(release_readers)  # a library user's readers too (commands release theirs as they end)
 
 
 def read_only_connect(path: Path, immutable: bool, timeout: float) -> Callable[[], sqlite3.Connection]:
