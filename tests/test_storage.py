@@ -120,6 +120,18 @@ def test_a_read_command_leaves_no_file_beside_the_study_and_its_bytes_as_they_we
     assert _digest(path) == before and path.stat().st_mtime_ns == mtime
 
 
+def test_a_study_read_through_a_symbolic_link_leaves_no_file_beside_the_file_it_names(tiny_study, tmp_path,
+                                                                                       monkeypatch):
+    """SQLite follows the link and puts its side files beside the file the link names, where they were left."""
+    path = _wal_study(tiny_study)
+    (tmp_path / "elsewhere").mkdir()
+    link = tmp_path / "elsewhere" / "link.db"
+    link.symlink_to(path)
+    monkeypatch.chdir(tmp_path)
+    assert CliRunner().invoke(app, ["best", "--storage", f"sqlite:///{link}"]).exit_code == 0
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.name.endswith(("-wal", "-shm"))) == []
+
+
 def test_a_reader_leaves_the_log_of_a_search_that_has_the_study_open(tiny_study, tmp_path, monkeypatch):
     """While another connection has the file open (a search), its -wal and -shm are SQLite's and stay: the reader did
     not make them, and even asked to, SQLite deletes nothing while the file has another connection."""

@@ -97,9 +97,11 @@ def side_files(path: Path) -> tuple[Path, Path]:
 
 def note_reader(path: Path, immutable: bool) -> None:
     """Before this process reads ``path`` (``immutable=1`` makes no file): if neither side file is there, the readers
-    will have made them, and ``release_readers`` removes them."""
-    if not immutable and not any(side.exists() for side in side_files(path)):
-        _MADE_BY_READERS.add(path.absolute())
+    will have made them, and ``release_readers`` removes them. SQLite puts them beside the file a symbolic link
+    names, so they are looked for there."""
+    real = path.resolve()
+    if not immutable and not any(side.exists() for side in side_files(real)):
+        _MADE_BY_READERS.add(real)
 
 
 def close_with_readers(pool: Disposable) -> None:
