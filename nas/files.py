@@ -261,6 +261,18 @@ class OutputFile:
 
 SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database (sqlite.org/fileformat.html)
 SQLITE_COMPANIONS = ("-wal", "-shm", "-journal", "-searches")  # SQLite's log, index and journal; the search lock
+COMPANION_ROLES = {"-wal": "the name SQLite gives the write-ahead log of {db} (its newest trials, until SQLite copies "
+                           "them in)",
+                   "-shm": "the name SQLite gives the index of the write-ahead log of {db}",
+                   "-journal": "the name SQLite gives the rollback journal of {db}",
+                   "-searches": "the name `nas search` gives the lock it keeps beside {db}"}
+
+
+def companion_of(path: Path) -> tuple[str, Path] | None:
+    """``(suffix, database)`` when ``path`` is named as a file SQLite (or ``nas search``) keeps beside ``database``
+    (``nas.db-wal`` beside ``nas.db``), by its name alone; None otherwise."""
+    suffix = next((s for s in SQLITE_COMPANIONS if path.name.endswith(s) and path.name != s), None)
+    return None if suffix is None else (suffix, path.with_name(path.name.removesuffix(suffix)))
 
 
 def refuse_inside(path: Path, what: str, inputs: list[tuple[str, Path]]) -> None:
@@ -316,8 +328,9 @@ def refuse_sqlite_file(path: Path, what: str) -> None:
     if is_sqlite_database(path):
         raise UsageError(f"{what} is an SQLite database (a study's storage?): writing over it would lose what it "
                          "holds; choose another name")
-    suffix = next((s for s in SQLITE_COMPANIONS if path.name.endswith(s) and path.name != s), None)
-    if suffix is not None and is_sqlite_database(database := path.with_name(path.name.removesuffix(suffix))):
+    companion = companion_of(path)
+    if companion is not None and is_sqlite_database(database := companion[1]):
+        suffix = companion[0]
         raise UsageError(f"{what} is the {suffix} file of the SQLite database {show(database)}: writing over it "
                          "could lose what the database holds; choose another name")
 

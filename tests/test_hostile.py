@@ -105,6 +105,9 @@ def snapshot(root: Path) -> dict[str, str]:
     found = {}
     for path in sorted(root.rglob("*")):
         mode = path.lstat().st_mode
+        if path.name.endswith("-shm"):  # SQLite's shared-memory index: every reader's visit writes its read marks
+            found[str(path.relative_to(root))] = "present"
+            continue
         found[str(path.relative_to(root))] = digest(path) if stat.S_ISREG(mode) else stat.filemode(mode)
     return found
 
@@ -164,6 +167,9 @@ BAD_STORAGES = {
     "bad timeout": "sqlite:///study.db?timeout=abc", "unknown option": "sqlite:///study.db?mode=rw",
     "file url": "file:///tmp/x.db", "sqlite file uri": "sqlite:///file:study.db", "fifo": "sqlite:///fifo",
     "device": "sqlite:///chardev", "folder": "sqlite:///folder",
+    # named as a file kept beside a study: a search wrote a new database into the study's write-ahead log
+    "its log": "sqlite:///study.db-wal", "its log's index": "sqlite:///study.db-shm",
+    "its journal": "sqlite:///study.db-journal", "its search lock": "sqlite:///study.db-searches",
 }
 STORAGE_COMMANDS = {
     "studies": lambda s: ["studies", "--storage", s], "best": lambda s: ["best", "--storage", s],
@@ -184,6 +190,32 @@ def test_a_storage_that_is_no_storage_is_one_line_and_left_as_it_was(place, fami
                              "it, or give another storage"), line  # it advised pip install -U 'optuna<6'
     if family == "truncated" and command not in ("search",):
         assert "damaged" in line or "not" in line, line
+
+
+@pytest.mark.parametrize("suffix", ["-wal", "-shm", "-journal", "-searches"])
+def test_a_storage_named_as_a_live_studys_log_is_refused_and_the_study_writes_on(place, tmp_path, suffix):
+    """While a search had ``study.db`` open, ``nas search --storage sqlite:///study.db-wal`` made a whole new database
+    in that search's write-ahead log (exit 0: "done: study 'prism-tiny' holds 1 trained trials"), and a reader was
+    told the log "holds no study yet"."""
+    study = tmp_path / "study.db"
+    study.write_bytes((place / "study.db").read_bytes())
+    with closing(sqlite3.connect(study)) as search:
+        search.execute("PRAGMA journal_mode=wal")
+        search.execute("CREATE TABLE before_it (x)")
+        search.commit()
+        search.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # an empty log, as between a search's writes: SQLite opened
+        assert (tmp_path / "study.db-wal").stat().st_size == 0  # it as a new, empty database and the search wrote one
+        files = snapshot(tmp_path)
+        for args in (["search", "--preset", "tiny", "--trials", "1", "--storage", f"sqlite:///study.db{suffix}"],
+                     ["best", "--storage", f"sqlite:///study.db{suffix}"]):
+            line = refused(tmp_path, args)
+            assert f"'study.db{suffix}' is the name" in line and "--storage sqlite:///study.db for that study" in line
+        assert snapshot(tmp_path) == files
+        search.execute("CREATE TABLE after_it (x)")
+        search.commit()
+    with closing(sqlite3.connect(f"file:{study}?mode=ro", uri=True)) as reader:
+        tables = {row[0] for row in reader.execute("SELECT name FROM sqlite_master")}
+    assert {"before_it", "after_it", "trials"} <= tables
 
 
 @pytest.mark.parametrize("command", ["studies", "best", "export", "report"])

@@ -34,7 +34,7 @@ import sqlalchemy
 from sqlalchemy.engine import make_url
 
 from nas.errors import UsageError
-from nas.files import show, user_path, writable_folder
+from nas.files import COMPANION_ROLES, companion_of, show, user_path, writable_folder
 from nas.study import optuna_internals
 from nas.study.config import DEFAULT_STORAGE, display_url
 from nas.study.signals import quiet_stops
@@ -130,9 +130,24 @@ def _prepare_sqlite(path: str, timeout: float) -> None:
             raise UsageError(f"storage file {show(path)} is not a usable SQLite database: {error}") from None
 
 
+def refuse_companion(path: Path) -> None:
+    """``UsageError`` when ``path`` names a file kept beside an existing file of the name without the suffix: opened as
+    a database, a search wrote a new study into the write-ahead log of a study another search was writing (SQLite
+    then finds a log that is not its own); a reader was told the file "holds no study yet". The check looks at the
+    names only (``os.path.isfile``): opening the database file itself would release this process's SQLite locks on
+    it (``nas.study.sqlite_file``)."""
+    companion = companion_of(path)
+    if companion is not None and os.path.isfile(companion[1]):
+        suffix, database = companion
+        role = COMPANION_ROLES[suffix].format(db=show(database))
+        raise UsageError(f"storage file {show(path)} is {role}, not a study: a database there would be lost, or damage "
+                         f"{show(database)}; give --storage sqlite:///{database} for that study, or another name")
+
+
 def _check_sqlite(url: str, path: Path, read_only: bool) -> SqliteFile:
     """What the SQLite file holds, refusing what neither a search nor a reader may open (``nas.study.sqlite_file``)."""
     what = "storage file"
+    refuse_companion(path)
     if read_only:
         found = inspect_sqlite(path, what)
         if not found.exists:
@@ -171,6 +186,7 @@ def check_writable(url: str) -> None:
     if parsed.get_backend_name() != "sqlite":
         return
     path = user_path(parsed.database, "storage file", stored=True)
+    refuse_companion(path)
     writable_folder(path.parent if str(path.parent) else Path("."), f"storage {display_url(url)!r}: its folder")
     if path.exists() and not os.access(path, os.W_OK):
         raise UsageError(f"storage file {show(path)} is read-only: this command records its runs there")
