@@ -192,6 +192,19 @@ def test_a_storage_that_is_no_storage_is_one_line_and_left_as_it_was(place, fami
         assert "damaged" in line or "not" in line, line
 
 
+@pytest.mark.parametrize("data", ["study.db", "link.db", "other.db"])
+@pytest.mark.parametrize("command", ["search", "search into it", "train"])
+def test_a_database_given_as_data_is_refused_before_any_training(place, data, command):
+    """``nas search --data nas.db`` trained on the study's own bytes (exit 0), and the study it wrote changed the data's
+    fingerprint, so the same command run again found other settings."""
+    args = {"search": ["search", "--preset", "tiny", "--trials", "1", "--data", data, "--storage", "sqlite:///new.db"],
+            "search into it": ["search", "--preset", "tiny", "--trials", "1", "--data", data, "--storage",
+                               f"sqlite:///{data}"],
+            "train": ["train", "--config", "arch.json", "--preset", "tiny", "--tokens", "256", "--data", data]}[command]
+    line = refused(place, args)
+    assert f"data file '{data}' is an SQLite database" in line, line
+
+
 @pytest.mark.parametrize("suffix", ["-wal", "-shm", "-journal", "-searches"])
 def test_a_storage_named_as_a_live_studys_log_is_refused_and_the_study_writes_on(place, tmp_path, suffix):
     """While a search had ``study.db`` open, ``nas search --storage sqlite:///study.db-wal`` made a whole new database
