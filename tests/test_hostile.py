@@ -461,6 +461,42 @@ def tiny_search(tmp_path: Path, *extra: str) -> list[str]:
             "--study-name", "s", "--workers", "1", "--threads", "1", *extra]
 
 
+def _corpus(folder: Path) -> None:
+    folder.mkdir(exist_ok=True)
+    (folder / "corpus.txt").write_text("the heads grow with depth; the width pays for it. " * 2000)
+
+
+@pytest.mark.parametrize("data, storage", [(".", "nas.db"), ("data", "data/s.db"), ("data", "data/deep/s.db"),
+                                           ("data/*", "data/s.db")])
+def test_a_new_study_whose_data_folder_holds_its_storage_is_refused_before_anything_is_written(tmp_path, data,
+                                                                                               storage):
+    """``nas search --data .`` kept the study in the data folder: ``nas report -o report.html`` wrote 4.7 MB of HTML
+    there, which the next run read as text beside a 1.2 MB corpus, and its changed data made it a new study."""
+    _corpus(tmp_path / "data")
+    (tmp_path / "corpus.txt").write_text((tmp_path / "data" / "corpus.txt").read_text())
+    (tmp_path / "data" / "deep").mkdir()
+    if data == "data/*":  # a glob matches the storage only once it exists: one that holds another study
+        synthetic_study(SyntheticSpec(space="prism", preset="tiny", trials=2),
+                        storage=f"sqlite:///{tmp_path / storage}", name="another")
+    line = refused(tmp_path, ["search", "--preset", "tiny", "--trials", "1", "--data", data, "--storage",
+                              f"sqlite:///{storage}"])
+    assert f"--data '{data}' holds this search's storage sqlite:///{storage}" in line, line
+    assert "give the data in a folder of its own" in line
+
+
+def test_a_study_already_made_with_its_storage_in_the_data_folder_resumes(tmp_path, monkeypatch):
+    """The refusal is for a new study: one made so before (by an earlier prism-nas) resumes with the same command."""
+    _corpus(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    args = ["search", "--preset", "tiny", "--trials", "1", "--data", ".", "--workers", "1", "--threads", "1"]
+    with monkeypatch.context() as earlier:
+        earlier.setattr("nas.study.session.data_holds", lambda spec, target: False)
+        assert CliRunner().invoke(app, args).exit_code == 0
+    result = CliRunner().invoke(app, [*args[:4], "2", *args[5:]])
+    assert result.exit_code == 0, result.output
+    assert "holds 2 trained trials" in result.stderr
+
+
 @pytest.mark.parametrize("file", ["typo.db", "empty.db", "other.db"])
 def test_the_dashboard_makes_no_storage_of_a_mistyped_empty_or_foreign_file(place, file):
     # it opened the storage to write, so a mistyped name became a new database and an empty file or another

@@ -122,6 +122,20 @@ def load_data(spec: str | os.PathLike[str] = "builtin", cache_dir: str | os.Path
     return _token_data(_load_many(files, base, name, cache), name)
 
 
+def data_holds(spec: str, target: Path) -> bool:
+    """Whether the data ``spec`` reads the folder of ``target`` (a study's storage): a folder that holds it at any
+    depth, or a glob that matches it. The files a study's commands write beside it (reports, exports) would be
+    read as data too. ``builtin`` and single files hold nothing."""
+    if spec == "builtin" or not spec.strip():
+        return False
+    path, real = user_path(spec, "--data", stored=True), target.resolve()
+    if path.is_dir():
+        return path.resolve() in real.parents
+    if any(c in spec for c in "*?[") and real.exists():
+        return real in {match.resolve() for match in expand_glob(str(path))}
+    return False
+
+
 def _token_data(loaded: tuple[Any, Any, int, str], name: str) -> TokenData:
     train, val, vocab_size, fingerprint = loaded
     return TokenData(train=train, val=val, vocab_size=vocab_size, name=name, fingerprint=fingerprint)

@@ -15,11 +15,14 @@ import optuna
 
 from nas.arch import ArchConfig
 from nas.data import TokenData, check_enough_tokens, check_vocabulary, load_data
+from nas.data.loading import data_holds
 from nas.errors import UsageError, printable
-from nas.study.config import MAX_ALLOCATION_SIZE, OBJECTIVES, REPLICATES, SAMPLERS, SearchConfig
+from nas.files import show
+from nas.study.config import MAX_ALLOCATION_SIZE, OBJECTIVES, REPLICATES, SAMPLERS, SearchConfig, display_url
 from nas.study.identity import check_identity, identity, other_data_note, study_name, train_config
 from nas.study.records import counts, unreadable_attr
-from nas.study.storage import make_storage
+from nas.study.sqlite_file import study_names
+from nas.study.storage import make_storage, storage_file
 from runners.config import TrainConfig
 from runners.presets import get_preset
 from search_spaces.base import SearchSpace
@@ -153,6 +156,11 @@ def open_search(config: SearchConfig, worker: int = 0, create: bool = True) -> S
     name = study_name(config, space, train, data)
     config = replace(config, study_name=name)
     exhaustive = space.count() <= config.trials  # a space no member fits (a budget no member matches) says so here
+    stored_in = storage_file(config.storage)
+    if create and stored_in is not None and data_holds(config.data, stored_in):
+        names = study_names(stored_in) if stored_in.exists() else frozenset()
+        if names is not None and name not in names:  # a study made so before is resumed; no new one is made so
+            refuse_data_beside(config.data, config.storage)
     storage = make_storage(config.storage, heartbeat_interval=config.heartbeat_interval)
     directions = [OBJECTIVES[o] for o in config.objectives]
     sampler = make_sampler(config, seed=None)  # the study's own; proposals draw through trial.proposal_sampler
@@ -180,6 +188,15 @@ def open_search(config: SearchConfig, worker: int = 0, create: bool = True) -> S
     if not created and worker == 0:
         search.notes.extend(unreadable_counted_note(study))
     return search
+
+
+def refuse_data_beside(data: str, storage: str) -> None:
+    """``UsageError``: a new study whose ``--data`` folder (or glob) holds its storage. ``nas search --data .`` read
+    the HTML report that ``nas report -o report.html`` wrote there as text (4.7 MB of it beside a 1.2 MB corpus),
+    and the changed data made the same command start another study."""
+    raise UsageError(f"--data {show(data)} holds this search's storage {display_url(storage)}: the reports and exports "
+                     "written beside a study would be read as training data by the next run, which would then start "
+                     "a new study; give the data in a folder of its own (e.g. --data data/), or the storage outside it")
 
 
 def unreadable_counted_note(study: optuna.Study) -> list[str]:

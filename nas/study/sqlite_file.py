@@ -25,6 +25,7 @@ import stat
 import urllib.parse
 import weakref
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -186,6 +187,19 @@ def inspect_sqlite(path: Path, what: str) -> SqliteFile:
                              "made, or a new name") from None
         raise UsageError(f"{what} {show(path)} is damaged ({error}): restore it from a copy, or recover what it "
                          "holds with `sqlite3 FILE .recover`") from None
+
+
+def study_names(path: Path) -> frozenset[str] | None:
+    """The names of the studies in the Optuna storage ``path``, read through a read-only connection; None when it
+    cannot be read as one (missing, damaged, another program's: opening it says which)."""
+    try:
+        found = inspect_sqlite(path, "storage file")
+        if not found.is_optuna:
+            return frozenset() if found.exists and found.empty else None
+        with closing(sqlite3.connect(_uri(path, found.immutable), uri=True, timeout=30)) as connection:
+            return frozenset(name for (name,) in connection.execute("SELECT study_name FROM studies"))
+    except (UsageError, sqlite3.Error):
+        return None
 
 
 def _read_tables(path: Path, immutable: bool) -> SqliteFile:
