@@ -197,12 +197,28 @@ def test_a_storage_that_is_no_storage_is_one_line_and_left_as_it_was(place, fami
 def test_a_database_given_as_data_is_refused_before_any_training(place, data, command):
     """``nas search --data nas.db`` trained on the study's own bytes (exit 0), and the study it wrote changed the data's
     fingerprint, so the same command run again found other settings."""
-    args = {"search": ["search", "--preset", "tiny", "--trials", "1", "--data", data, "--storage", "sqlite:///new.db"],
+    line = refused(place, _data_commands(data)[command])
+    assert f"data file '{data}' is an SQLite database" in line, line
+
+
+def _data_commands(data: str) -> dict[str, list[str]]:
+    return {"search": ["search", "--preset", "tiny", "--trials", "1", "--data", data, "--storage", "sqlite:///new.db"],
             "search into it": ["search", "--preset", "tiny", "--trials", "1", "--data", data, "--storage",
                                f"sqlite:///{data}"],
-            "train": ["train", "--config", "arch.json", "--preset", "tiny", "--tokens", "256", "--data", data]}[command]
-    line = refused(place, args)
-    assert f"data file '{data}' is an SQLite database" in line, line
+            "train": ["train", "--config", "arch.json", "--preset", "tiny", "--tokens", "256", "--data", data]}
+
+
+@pytest.mark.parametrize("command", ["search", "train"])
+def test_a_live_studys_log_given_as_data_is_refused(place, tmp_path, command):
+    """The write-ahead log of a study a search has open was read as text: it changes with every trial written."""
+    for name in ("study.db", "arch.json"):
+        (tmp_path / name).write_bytes((place / name).read_bytes())
+    with closing(sqlite3.connect(tmp_path / "study.db")) as search:
+        search.execute("PRAGMA journal_mode=wal")
+        search.execute("CREATE TABLE written (x)")
+        search.commit()  # the log holds it
+        line = refused(tmp_path, _data_commands("study.db-wal")[command])
+    assert "data file 'study.db-wal' is the name SQLite gives the write-ahead log of 'study.db'" in line, line
 
 
 @pytest.mark.parametrize("suffix", ["-wal", "-shm", "-journal", "-searches"])

@@ -45,7 +45,7 @@ from nas.data.sources import (
     text_documents,
 )
 from nas.errors import UsageError
-from nas.files import is_sqlite_database, kind_of, show, stat_path, user_path
+from nas.files import COMPANION_ROLES, companion_of, is_sqlite_database, kind_of, show, stat_path, user_path
 
 if TYPE_CHECKING:  # torch is imported where batches are made: a search's parent, which trains nothing, never needs it
     import torch
@@ -91,9 +91,13 @@ def load_data(spec: str | os.PathLike[str] = "builtin", cache_dir: str | os.Path
         if suffix == ".npz":
             raise UsageError(f"data file {show(name)} is a .npz archive (np.savez): pass its token array as one .npy "
                              "file (np.save(path, tokens))")
-        if is_sqlite_database(path):  # read before any storage opens: this process holds no SQLite lock on it yet
-            raise UsageError(f"data file {show(name)} is an SQLite database (a study's storage?), not text or tokens: "
-                             "give the text, .npy or .bin files to train on (--storage names the study's file)")
+        companion = companion_of(path)
+        if is_sqlite_database(path) or companion is not None and is_sqlite_database(companion[1]):
+            # read before any storage opens: this process holds no SQLite lock on the database yet
+            what = ("an SQLite database (a study's storage?)" if companion is None or is_sqlite_database(path) else
+                    COMPANION_ROLES[companion[0]].format(db=show(companion[1])))
+            raise UsageError(f"data file {show(name)} is {what}, not text or tokens: give the text, .npy or .bin "
+                             "files to train on (--storage names the study's file)")
         if suffix == ".npy":
             loaded = load_npy(path, cache)
         elif suffix == ".bin":
