@@ -505,3 +505,25 @@ def test_a_folder_a_glob_reaches_but_cannot_read_is_refused_not_skipped(tmp_path
     message = raises_one_line(r"cannot read folder .*locked.*: permission denied", load_data,
                               str(tmp_path / pattern), cache)
     assert "locked" in message
+
+
+def test_data_holds_a_storage_in_a_text_folder_or_glob_and_not_in_shards_or_beside(tmp_path, monkeypatch):
+    """``nas.data.loading.data_holds``: the folders whose files a study's outputs would join (``nas.study.session``
+    refuses a new study there); a folder of shards reads its ``.bin`` files alone."""
+    from nas.data.loading import data_holds
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "texts" / "deep").mkdir(parents=True)
+    (tmp_path / "texts" / "a.txt").write_text("text " * 100)
+    (tmp_path / "shards").mkdir()
+    write_shard(tmp_path / "shards" / "x_train_000001.bin", np.arange(100) % 256)
+    (tmp_path / "texts" / "s.db").write_bytes(b"")
+    assert data_holds("texts", tmp_path / "texts" / "s.db")
+    assert not data_holds(".", tmp_path / "nas.db")  # it holds a .bin: read as shards, its other files are not read
+    assert data_holds(str(tmp_path / "texts"), tmp_path / "texts" / "deep" / "s.db")
+    assert data_holds("texts/*", tmp_path / "texts" / "s.db")  # an existing storage the glob matches
+    assert not data_holds("texts/*.txt", tmp_path / "texts" / "s.db")
+    assert not data_holds("texts", tmp_path / "nas.db") and not data_holds("texts/a.txt", tmp_path / "texts" / "s.db")
+    assert not data_holds("shards", tmp_path / "shards" / "s.db") and not data_holds("builtin", tmp_path / "nas.db")
+    monkeypatch.chdir(tmp_path / "texts")
+    assert data_holds(".", tmp_path / "texts" / "nas.db")  # nas search --data . with the default storage

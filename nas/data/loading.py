@@ -127,17 +127,22 @@ def load_data(spec: str | os.PathLike[str] = "builtin", cache_dir: str | os.Path
 
 
 def data_holds(spec: str, target: Path) -> bool:
-    """Whether the data ``spec`` reads the folder of ``target`` (a study's storage): a folder that holds it at any
-    depth, or a glob that matches it. The files a study's commands write beside it (reports, exports) would be
-    read as data too. ``builtin`` and single files hold nothing."""
+    """Whether the text data ``spec`` reads the folder of ``target`` (a study's storage): a folder that holds it at
+    any depth, or a glob that matches it. The files a study's commands write beside it (reports, exports) would be
+    read as text too. ``builtin``, single files and shards (a folder or glob holding ``.bin`` files reads those
+    alone) hold nothing."""
     if spec == "builtin" or not spec.strip():
         return False
     path, real = user_path(spec, "--data", stored=True), target.resolve()
-    if path.is_dir():
-        return path.resolve() in real.parents
-    if any(c in spec for c in "*?[") and real.exists():
-        return real in {match.resolve() for match in expand_glob(str(path))}
-    return False
+    if path.is_dir() and path.resolve() in real.parents:
+        files = [Path(entry) for _, entry, _ in list_directory(path)]
+    elif any(c in spec for c in "*?[") and real.exists():
+        files = expand_glob(str(path))
+        if real not in {match.resolve() for match in files}:
+            return False
+    else:
+        return False
+    return not any(file.name.lower().endswith(".bin") for file in files)
 
 
 def _token_data(loaded: tuple[Any, Any, int, str], name: str) -> TokenData:
