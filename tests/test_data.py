@@ -527,3 +527,9 @@ def test_data_holds_a_storage_in_a_text_folder_or_glob_and_not_in_shards_or_besi
     assert not data_holds("shards", tmp_path / "shards" / "s.db") and not data_holds("builtin", tmp_path / "nas.db")
     monkeypatch.chdir(tmp_path / "texts")
     assert data_holds(".", tmp_path / "texts" / "nas.db")  # nas search --data . with the default storage
+    (tmp_path / "texts" / ".nas").mkdir()
+    assert not data_holds(".", tmp_path / "texts" / ".nas" / "s.db")  # the walk skips hidden folders
+    # a glob matches a storage about to be made as it will match the made one
+    assert data_holds("*", tmp_path / "texts" / "new.db")
+    assert data_holds("**/*.db", tmp_path / "texts" / "deep" / "n.db")
+    assert not data_holds("*.txt", tmp_path / "texts" / "new.db") and not data_holds("*", tmp_path / "texts" / ".n.db")

@@ -221,6 +221,16 @@ def test_a_live_studys_log_given_as_data_is_refused(place, tmp_path, command):
     assert "data file 'study.db-wal' is the name SQLite gives the write-ahead log of 'study.db'" in line, line
 
 
+def test_a_storage_named_like_a_companion_of_a_file_that_is_no_database_is_used(tmp_path, monkeypatch):
+    """``results-searches`` beside a CSV named ``results``: no database keeps a lock there, so nothing to protect."""
+    (tmp_path / "results").write_text("shape,loss\n")
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["search", "--preset", "tiny", "--trials", "1", "--workers", "1", "--threads",
+                                      "1", "--storage", "sqlite:///results-searches"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "results").read_text() == "shape,loss\n"
+
+
 @pytest.mark.parametrize("suffix", ["-wal", "-shm", "-journal", "-searches"])
 def test_a_storage_named_as_a_live_studys_log_is_refused_and_the_study_writes_on(place, tmp_path, suffix):
     """While a search had ``study.db`` open, ``nas search --storage sqlite:///study.db-wal`` made a whole new database
@@ -483,7 +493,7 @@ def _corpus(folder: Path) -> None:
 
 
 @pytest.mark.parametrize("data, storage", [(".", "nas.db"), ("data", "data/s.db"), ("data", "data/deep/s.db"),
-                                           ("data/*", "data/s.db")])
+                                           ("data/*", "data/s.db"), ("data/*", "data/new.db")])
 def test_a_new_study_whose_data_folder_holds_its_storage_is_refused_before_anything_is_written(tmp_path, data,
                                                                                                storage):
     """``nas search --data .`` kept the study in the data folder: ``nas report -o report.html`` wrote 4.7 MB of HTML
@@ -491,7 +501,7 @@ def test_a_new_study_whose_data_folder_holds_its_storage_is_refused_before_anyth
     _corpus(tmp_path / "data")
     (tmp_path / "corpus.txt").write_text((tmp_path / "data" / "corpus.txt").read_text())
     (tmp_path / "data" / "deep").mkdir()
-    if data == "data/*":  # a glob matches the storage only once it exists: one that holds another study
+    if storage == "data/s.db" and data == "data/*":  # a storage that holds another study (data/new.db: none yet)
         synthetic_study(SyntheticSpec(space="prism", preset="tiny", trials=2),
                         storage=f"sqlite:///{tmp_path / storage}", name="another")
     line = refused(tmp_path, ["search", "--preset", "tiny", "--trials", "1", "--data", data, "--storage",

@@ -26,6 +26,7 @@ the whole validation split, every time, so every trial of a study is scored on t
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import stat
 from collections.abc import Iterator
@@ -134,15 +135,45 @@ def data_holds(spec: str, target: Path) -> bool:
     if spec == "builtin" or not spec.strip():
         return False
     path, real = user_path(spec, "--data", stored=True), target.resolve()
-    if path.is_dir() and path.resolve() in real.parents:
+    if path.is_dir() and walks_into(path.resolve(), real.parent):
         files = [Path(entry) for _, entry, _ in list_directory(path)]
-    elif any(c in spec for c in "*?[") and real.exists():
+    elif any(c in spec for c in "*?[") and glob_matches(str(path), real):
         files = expand_glob(str(path))
-        if real not in {match.resolve() for match in files}:
-            return False
     else:
         return False
     return not any(file.name.lower().endswith(".bin") for file in files)
+
+
+def walks_into(folder: Path, inner: Path) -> bool:
+    """Whether ``list_directory(folder)`` reads the files of ``inner`` (both resolved): it lies under ``folder`` with no
+    hidden folder, ``__pycache__`` or link on the way (the walk skips those)."""
+    if inner != folder and folder not in inner.parents:
+        return False
+    step = folder
+    for part in inner.relative_to(folder).parts:
+        step = step / part
+        if part.startswith(".") or part == "__pycache__" or step.is_symlink():
+            return False
+    return True
+
+
+def glob_matches(pattern: str, path: Path) -> bool:
+    """Whether ``expand_glob(pattern)`` would match ``path`` once it exists (the storage a search is about to make):
+    ``*``, ``?`` and ``[...]`` within a part, never a leading dot unless the pattern's part starts with one, ``**``
+    any number of folders; a relative pattern from the working directory."""
+    name = os.path.abspath(path) if os.path.isabs(pattern) else os.path.relpath(path)
+    wanted = [part for part in pattern.split(os.sep) if part not in ("", os.curdir)]
+    return _parts_match(wanted, [part for part in name.split(os.sep) if part not in ("", os.curdir)])
+
+
+def _parts_match(wanted: list[str], parts: list[str]) -> bool:
+    if not wanted:
+        return not parts
+    if wanted[0] == "**":
+        return any(_parts_match(wanted[1:], parts[i:]) for i in range(len(parts) + 1)
+                   if not any(p.startswith(".") for p in parts[:i]))
+    return (bool(parts) and (not parts[0].startswith(".") or wanted[0].startswith("."))
+            and fnmatch.fnmatchcase(parts[0], wanted[0]) and _parts_match(wanted[1:], parts[1:]))
 
 
 def _token_data(loaded: tuple[Any, Any, int, str], name: str) -> TokenData:

@@ -130,11 +130,8 @@ def remove_empty_log(path: Path) -> None:
     try:
         if wal.stat().st_size:
             return
-    except OSError:
-        return
-    try:
         connection = sqlite3.connect(_uri(path, False, "rw"), uri=True, timeout=1.0)
-    except sqlite3.Error:
+    except (OSError, ValueError, sqlite3.Error):  # gone, unreadable, a name a URI cannot hold (not UTF-8)
         return
     try:
         connection.execute("PRAGMA schema_version").fetchone()  # opens the log: its close is the one that cleans up
@@ -190,16 +187,27 @@ def inspect_sqlite(path: Path, what: str) -> SqliteFile:
 
 
 def study_names(path: Path) -> frozenset[str] | None:
-    """The names of the studies in the Optuna storage ``path``, read through a read-only connection; None when it
-    cannot be read as one (missing, damaged, another program's: opening it says which)."""
+    """The names of the studies in the Optuna storage ``path`` (none in an empty file, or one whose creation was
+    stopped), read through a read-only connection; None when it cannot be read as one (missing, damaged, another
+    program's: opening it says which)."""
     try:
         found = inspect_sqlite(path, "storage file")
-        if not found.is_optuna:
-            return frozenset() if found.exists and found.empty else None
+        if "studies" not in found.tables:  # empty, or its creation was stopped before the table: no study yet
+            return frozenset() if found.exists and not found.tables - OPTUNA_TABLES else None
         with closing(sqlite3.connect(_uri(path, found.immutable), uri=True, timeout=30)) as connection:
             return frozenset(name for (name,) in connection.execute("SELECT study_name FROM studies"))
-    except (UsageError, sqlite3.Error):
+    except (UsageError, sqlite3.Error, ValueError):
         return None
+
+
+def is_database(path: Path) -> bool:
+    """Whether SQLite reads ``path`` as a database (an empty file counts: SQLite makes one of it), asked through
+    SQLite: a descriptor of this process's own, once closed, would release the locks SQLite holds on the file."""
+    try:
+        inspect_sqlite(path, "storage file")
+    except UsageError:
+        return False
+    return path.is_file()
 
 
 def _read_tables(path: Path, immutable: bool) -> SqliteFile:

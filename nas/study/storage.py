@@ -38,7 +38,14 @@ from nas.files import COMPANION_ROLES, companion_of, show, user_path, writable_f
 from nas.study import optuna_internals
 from nas.study.config import DEFAULT_STORAGE, display_url
 from nas.study.signals import quiet_stops
-from nas.study.sqlite_file import OPTUNA_TABLES, SqliteFile, close_with_readers, inspect_sqlite, read_only_connect
+from nas.study.sqlite_file import (
+    OPTUNA_TABLES,
+    SqliteFile,
+    close_with_readers,
+    inspect_sqlite,
+    is_database,
+    read_only_connect,
+)
 
 SQLITE_BUSY_TIMEOUT_S = 600
 MAX_RETRIES = 3  # a shape whose worker dies this many times is left failed
@@ -131,13 +138,13 @@ def _prepare_sqlite(path: str, timeout: float) -> None:
 
 
 def refuse_companion(path: Path) -> None:
-    """``UsageError`` when ``path`` names a file kept beside an existing file of the name without the suffix: opened as
-    a database, a search wrote a new study into the write-ahead log of a study another search was writing (SQLite
-    then finds a log that is not its own); a reader was told the file "holds no study yet". The check looks at the
-    names only (``os.path.isfile``): opening the database file itself would release this process's SQLite locks on
-    it (``nas.study.sqlite_file``)."""
+    """``UsageError`` when ``path`` names a file SQLite or a search keeps beside an SQLite database: opened as a
+    database, a search wrote a new study into the write-ahead log of a study another search was writing (SQLite
+    then finds a log that is not its own); a reader was told the file "holds no study yet". The database is asked
+    through SQLite (``is_database``): a descriptor of this process's own, once closed, would release this process's
+    SQLite locks on it (``nas.study.sqlite_file``)."""
     companion = companion_of(path)
-    if companion is not None and os.path.isfile(companion[1]):
+    if companion is not None and os.path.isfile(companion[1]) and is_database(companion[1]):
         suffix, database = companion
         role = COMPANION_ROLES[suffix].format(db=show(database))
         raise UsageError(f"storage file {show(path)} is {role}, not a study: a database there would be lost, or damage "
