@@ -38,7 +38,8 @@ def plain(value: Any) -> Any:
 
 
 StorageOpt = Annotated[str, typer.Option("--storage", help="SQLAlchemy URL of the Optuna storage "
-                                         "(PostgreSQL for many machines).")]
+                                         "(PostgreSQL for many machines); not a file SQLite keeps beside a database "
+                                         "(-wal, -shm, -journal, -searches).")]
 StudyOpt = Annotated[str | None, typer.Option("--study-name", help="Study name (default: the only study in the "
                                                  "storage; `nas search` derives it from space, preset and options).",
                                                  show_default=False)]

@@ -87,7 +87,8 @@ def search(
     trials: Annotated[int, typer.Option("--trials", help="Trained trials the study should hold (resumable).")] = 200,
     preset: Annotated[str, typer.Option("--preset", help="Proxy/target setup: see `nas presets`.")] = "cpu",
     data: Annotated[str, typer.Option("--data", help="builtin, a text file/dir/glob, a .npy token array, or a "
-                                      "directory of llm.c .bin shards.")] = "builtin",
+                                      "directory of llm.c .bin shards; not an SQLite database, and a new study's "
+                                      "text folder may not hold its storage.")] = "builtin",
     storage: StorageOpt = DEFAULT_STORAGE,
     study_name: StudyOpt = None,
     sampler: Annotated[Sampler | None, typer.Option("--sampler", help="Proposal sampler (default tpe; nsga2 "

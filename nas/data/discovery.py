@@ -61,9 +61,14 @@ def once_each(found: list[tuple[str, str, Stamp, tuple[int, int]]]) -> list[File
     return kept
 
 
+def skipped_folder(name: str) -> bool:
+    """A folder ``list_directory`` does not enter: hidden, or ``__pycache__``."""
+    return name.startswith(".") or name == "__pycache__"
+
+
 def list_directory(root: Path) -> list[FileEntry]:
     """Files under ``root``, recursively, skipping hidden files and directories and ``__pycache__``."""
-    return walk_files(str(root), lambda d: d.startswith(".") or d == "__pycache__", lambda f: not f.startswith("."))
+    return walk_files(str(root), skipped_folder, lambda f: not f.startswith("."))
 
 
 def list_paths(paths: list[Path], base: Path) -> list[FileEntry]:
@@ -143,3 +148,35 @@ def _is_dir(entry: os.DirEntry[str]) -> bool:
         return entry.is_dir()
     except OSError:
         return False
+
+
+def walks_into(folder: Path, inner: Path) -> bool:
+    """Whether ``list_directory(folder)`` reads the files of ``inner`` (both resolved): it lies under ``folder`` with no
+    hidden folder, ``__pycache__`` or link on the way (the walk skips those)."""
+    if inner != folder and folder not in inner.parents:
+        return False
+    step = folder
+    for part in inner.relative_to(folder).parts:
+        step = step / part
+        if skipped_folder(part) or step.is_symlink():
+            return False
+    return True
+
+
+def glob_matches(pattern: str, path: Path) -> bool:
+    """Whether ``expand_glob(pattern)`` would match ``path`` once it exists (the storage a search is about to make):
+    ``*``, ``?`` and ``[...]`` within a part, never a leading dot unless the pattern's part starts with one, ``**``
+    any number of folders; a relative pattern from the working directory."""
+    name = os.path.abspath(path) if os.path.isabs(pattern) else os.path.relpath(path)
+    wanted = [part for part in pattern.split(os.sep) if part not in ("", os.curdir)]
+    return _parts_match(wanted, [part for part in name.split(os.sep) if part not in ("", os.curdir)])
+
+
+def _parts_match(wanted: list[str], parts: list[str]) -> bool:
+    if not wanted:
+        return not parts
+    if wanted[0] == "**":
+        return any(_parts_match(wanted[1:], parts[i:]) for i in range(len(parts) + 1)
+                   if not any(p.startswith(".") for p in parts[:i]))
+    return (bool(parts) and (not parts[0].startswith(".") or wanted[0].startswith("."))
+            and fnmatch.fnmatchcase(parts[0], wanted[0]) and _parts_match(wanted[1:], parts[1:]))

@@ -26,7 +26,6 @@ the whole validation split, every time, so every trial of a study is scored on t
 
 from __future__ import annotations
 
-import fnmatch
 import os
 import stat
 from collections.abc import Iterator
@@ -37,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from nas.data.cache import cache_root
-from nas.data.discovery import FileEntry, expand_glob, list_directory, list_paths
+from nas.data.discovery import FileEntry, expand_glob, glob_matches, list_directory, list_paths, walks_into
 from nas.data.sources import (
     builtin_documents,
     load_npy,
@@ -92,11 +91,12 @@ def load_data(spec: str | os.PathLike[str] = "builtin", cache_dir: str | os.Path
         if suffix == ".npz":
             raise UsageError(f"data file {show(name)} is a .npz archive (np.savez): pass its token array as one .npy "
                              "file (np.save(path, tokens))")
+        # read before any storage opens: this process holds no SQLite lock on the database yet
         companion = companion_of(path)
-        if is_sqlite_database(path) or companion is not None and is_sqlite_database(companion[1]):
-            # read before any storage opens: this process holds no SQLite lock on the database yet
-            what = ("an SQLite database (a study's storage?)" if companion is None or is_sqlite_database(path) else
-                    COMPANION_ROLES[companion[0]].format(db=show(companion[1])))
+        what = ("an SQLite database (a study's storage?)" if is_sqlite_database(path) else
+                COMPANION_ROLES[companion[0]].format(db=show(companion[1]))
+                if companion is not None and is_sqlite_database(companion[1]) else None)
+        if what is not None:
             raise UsageError(f"data file {show(name)} is {what}, not text or tokens: give the text, .npy or .bin "
                              "files to train on (--storage names the study's file)")
         if suffix == ".npy":
@@ -142,38 +142,6 @@ def data_holds(spec: str, target: Path) -> bool:
     else:
         return False
     return not any(file.name.lower().endswith(".bin") for file in files)
-
-
-def walks_into(folder: Path, inner: Path) -> bool:
-    """Whether ``list_directory(folder)`` reads the files of ``inner`` (both resolved): it lies under ``folder`` with no
-    hidden folder, ``__pycache__`` or link on the way (the walk skips those)."""
-    if inner != folder and folder not in inner.parents:
-        return False
-    step = folder
-    for part in inner.relative_to(folder).parts:
-        step = step / part
-        if part.startswith(".") or part == "__pycache__" or step.is_symlink():
-            return False
-    return True
-
-
-def glob_matches(pattern: str, path: Path) -> bool:
-    """Whether ``expand_glob(pattern)`` would match ``path`` once it exists (the storage a search is about to make):
-    ``*``, ``?`` and ``[...]`` within a part, never a leading dot unless the pattern's part starts with one, ``**``
-    any number of folders; a relative pattern from the working directory."""
-    name = os.path.abspath(path) if os.path.isabs(pattern) else os.path.relpath(path)
-    wanted = [part for part in pattern.split(os.sep) if part not in ("", os.curdir)]
-    return _parts_match(wanted, [part for part in name.split(os.sep) if part not in ("", os.curdir)])
-
-
-def _parts_match(wanted: list[str], parts: list[str]) -> bool:
-    if not wanted:
-        return not parts
-    if wanted[0] == "**":
-        return any(_parts_match(wanted[1:], parts[i:]) for i in range(len(parts) + 1)
-                   if not any(p.startswith(".") for p in parts[:i]))
-    return (bool(parts) and (not parts[0].startswith(".") or wanted[0].startswith("."))
-            and fnmatch.fnmatchcase(parts[0], wanted[0]) and _parts_match(wanted[1:], parts[1:]))
 
 
 def _token_data(loaded: tuple[Any, Any, int, str], name: str) -> TokenData:

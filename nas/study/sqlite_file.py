@@ -25,7 +25,7 @@ import stat
 import urllib.parse
 import weakref
 from collections.abc import Callable
-from contextlib import closing
+from contextlib import closing, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -133,12 +133,8 @@ def remove_empty_log(path: Path) -> None:
         connection = sqlite3.connect(_uri(path, False, "rw"), uri=True, timeout=1.0)
     except (OSError, ValueError, sqlite3.Error):  # gone, unreadable, a name a URI cannot hold (not UTF-8)
         return
-    try:
+    with closing(connection), suppress(sqlite3.Error):
         connection.execute("PRAGMA schema_version").fetchone()  # opens the log: its close is the one that cleans up
-    except sqlite3.Error:
-        pass
-    finally:
-        connection.close()
 
 
 atexit.register(release_readers)  # a library user's readers too (commands release theirs as they end)

@@ -144,7 +144,7 @@ def refuse_companion(path: Path) -> None:
     through SQLite (``is_database``): a descriptor of this process's own, once closed, would release this process's
     SQLite locks on it (``nas.study.sqlite_file``)."""
     companion = companion_of(path)
-    if companion is not None and os.path.isfile(companion[1]) and is_database(companion[1]):
+    if companion is not None and is_database(companion[1]):
         suffix, database = companion
         role = COMPANION_ROLES[suffix].format(db=show(database))
         raise UsageError(f"storage file {show(path)} is {role}, not a study: a database there would be lost, or damage "
